@@ -1,0 +1,32 @@
+# Helpers shared by every folder's CMakeLists.txt.
+
+# Warnings as errors on the project's own code (never on generated protobuf code).
+function(dsv4_warnings target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall -Werror=all-warnings>)
+endfunction()
+
+# dsv4_library(NAME SOURCES ... [CUDA_SOURCES ...] DEPS ...)
+function(dsv4_library name)
+  cmake_parse_arguments(A "" "" "SOURCES;DEPS" ${ARGN})
+  add_library(${name} STATIC ${A_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PUBLIC ${A_DEPS})
+  dsv4_warnings(${name})
+endfunction()
+
+# dsv4_test(NAME SOURCES ... DEPS ... [LABELS ...]): one GoogleTest binary, each test case its own ctest.
+function(dsv4_test name)
+  cmake_parse_arguments(A "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE ${A_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
+  dsv4_warnings(${name})
+  set(labels ${A_LABELS})
+  if(NOT labels)
+    set(labels unit)
+  endif()
+  gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
+    PROPERTIES LABELS "${labels}" ENVIRONMENT "DSV4_SOURCE_DIR=${PROJECT_SOURCE_DIR};DSV4_BINARY_DIR=${PROJECT_BINARY_DIR}")
+endfunction()
