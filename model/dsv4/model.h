@@ -1,0 +1,89 @@
+// The DeepSeek-V4 forward pass on the ops interface: the one API the worker engine calls.
+//
+// Contract with worker/ (written first so the engine can code against it):
+//  - The KV cache is paged, vLLM-style. There are four pools (KvPool). Each sequence has one block table per
+//    pool, shared by every layer that uses that pool: page id g names the same slot in every layer's pool.
+//  - The window pool is a ring of config.sliding_window rows per sequence: position p lives in ring row
+//    p mod window, i.e. page tables.pages[kWindow][(p mod window) / page_rows], row (p mod window) % page_rows.
+//    A sequence needs ceil(window / page_rows) window pages from its first token (RowsNeeded says window).
+//  - Compressed pools hold one row per r tokens (row n = positions n*r .. n*r+r-1); the indexer pool has one
+//    128-dim row per ratio-4 compressed row. Row n is page tables.pages[pool][n / page_rows], row n % page_rows.
+//  - Compressor/indexer running state lives in a per-sequence state slot (tables.state_slot), reset by ResetState
+//    before a sequence's first token.
+//  - Forward takes any mix of chunks (a prefill chunk of many tokens or one decode token), each at its own
+//    position; prefill in chunks leaves exactly the state that one-token-at-a-time decoding would.
+// Threading: a Dsv4Model is used by one thread at a time (the engine thread); it runs its own worker threads
+// inside ops (ModelOptions::num_threads).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "model/config/config.h"
+
+namespace dsv4::model {
+
+// kExact: fp32 everywhere, no quantisation simulation: what transformers' DeepseekV4ForCausalLM computes in fp32.
+// kProduction: window/compressed KV nope dims stored as FP8 e4m3 + ue8m0 per 64 dims in the 584-byte row, and
+// the indexer's Hadamard + FP4 simulation, as DeepSeek's reference inference code does.
+enum class NumericMode { kExact, kProduction };
+
+struct ModelOptions {
+  NumericMode mode = NumericMode::kExact;
+  int num_threads = 2;  // CPU worker threads used inside the big GEMVs
+};
+
+enum class KvPool { kWindow = 0, kCompressed4 = 1, kCompressed128 = 2, kIndexer = 3 };
+inline constexpr int kNumKvPools = 4;
+
+struct SeqBlockTables {
+  std::array<std::vector<int32_t>, kNumKvPools> pages;  // indexed by static_cast<int>(KvPool)
+  int32_t state_slot = -1;                               // compressor/indexer state slot of this sequence
+};
+
+// One sequence's tokens for this step: positions start_pos .. start_pos + tokens.size() - 1.
+struct SeqChunk {
+  const SeqBlockTables* tables = nullptr;
+  std::span<const int32_t> tokens;
+  int32_t start_pos = 0;
+};
+
+class Dsv4Model {
+ public:
+  static absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(const std::string& checkpoint_dir,
+                                                         const ModelOptions& options);
+  ~Dsv4Model();
+
+  const Config& config() const;
+  const ModelOptions& options() const;
+
+  // Bytes of one page of page_rows rows, summed over all layers that use the pool.
+  int64_t PageBytes(KvPool pool, int page_rows) const;
+  // Rows of the pool a sequence of num_positions tokens uses (window: always sliding_window once it has a token).
+  static int64_t RowsNeeded(const Config& config, KvPool pool, int64_t num_positions);
+
+  // Allocates every pool (pages_per_pool[pool] pages of page_rows rows) and max_state_slots state slots.
+  // May be called again to resize; all cached data is dropped.
+  absl::Status AllocateCache(std::array<int64_t, kNumKvPools> pages_per_pool, int page_rows, int max_state_slots);
+  // Fresh compressor/indexer state for a new sequence in this slot.
+  absl::Status ResetState(int32_t state_slot);
+
+  // Appends each chunk's tokens and writes the logits of each chunk's LAST token to logits[i * vocab_size].
+  // Pages for every position written must already be in the tables.
+  absl::Status Forward(std::span<const SeqChunk> chunks, float* logits);
+  // Same, but returns the logits of every token of every chunk, chunk-major ([sum of tokens, vocab_size]).
+  absl::Status ForwardAllLogits(std::span<const SeqChunk> chunks, std::vector<float>* logits);
+
+ private:
+  struct Impl;
+  explicit Dsv4Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv4::model
