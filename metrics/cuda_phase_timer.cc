@@ -47,13 +47,16 @@ class CudaPhaseTimerImpl final : public CudaPhaseTimer {
   }
 
   void BeginStep() override {
-    Harvest();
     sampling_ = false;
-    if (failed_ || (step_++ % sample_every_) != 0) return;
-    if (static_cast<int>(pending_.size()) >= max_pending_) return;
+    if (failed_) return;
+    // While capturing a graph, events would be graph nodes, not timestamps, and querying events may invalidate
+    // the capture: neither sample nor read back.
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     if (!Check(cudaStreamIsCapturing(stream_, &capture), "cudaStreamIsCapturing")) return;
-    if (capture != cudaStreamCaptureStatusNone) return;  // events in a capture are nodes, not timestamps
+    if (capture != cudaStreamCaptureStatusNone) return;
+    Harvest();
+    if (failed_ || (step_++ % sample_every_) != 0) return;
+    if (static_cast<int>(pending_.size()) >= max_pending_) return;
     if (!free_.empty()) {
       current_ = std::move(free_.front());
       free_.pop_front();

@@ -16,7 +16,8 @@
 //  - CUDA (MakeCudaPhaseTimer, only when DSV4_HAVE_CUDA): CUDA events recorded on the step's stream; a sampled
 //    step's events are read back at the start of a later step with cudaEventQuery, never synchronizing inside a
 //    step. Steps recorded while the stream is capturing a CUDA graph are not sampled (events in a capture are
-//    graph nodes, not timestamps): time graph replays as one phase or sample eager steps.
+//    graph nodes, not timestamps). An engine that replays captured graphs checks sampling() after BeginStep and
+//    launches a sampled step eagerly, so that its phases can be timed; other steps replay the graph as usual.
 //
 // Threads: a PhaseTimer belongs to the engine thread that owns the stream; it is not thread-safe. The sink is
 // called on that thread (ServingMetrics::AddPhaseSeconds is thread-safe).
