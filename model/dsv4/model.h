@@ -80,8 +80,9 @@ class Dsv4Model {
   // Same, but returns the logits of every token of every chunk, chunk-major ([sum of tokens, vocab_size]).
   absl::Status ForwardAllLogits(std::span<const SeqChunk> chunks, std::vector<float>* logits);
 
+  struct Impl;  // opaque; model/dsv4/forward.h defines it for the sublayer files
+
  private:
-  struct Impl;
   explicit Dsv4Model(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
