@@ -1,0 +1,373 @@
+// See group_pool.h: resolution, polling and power-of-two-choices routing over worker groups.
+#include "coordinator/group_pool.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "common/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace dsv4::coordinator {
+
+struct GroupPool::Group {
+  std::string address;
+  std::shared_ptr<dsv4::v1::Worker::Stub> stub;
+  bool answered = false;  // the last applied poll answered
+  std::string why = "not polled yet";
+  dsv4::v1::GetLoadResponse load;
+  std::optional<dsv4::v1::GetModelInfoResponse> model;
+  absl::Time down_since = absl::InfinitePast();
+  int64_t inflight = 0;
+  int64_t routed_since_poll = 0;  // requests
+  int64_t routed_since_poll_tokens = 0;
+
+  bool ready() const { return answered && !load.draining() && model.has_value(); }
+};
+
+namespace {
+
+// Splits "host:port" / "[v6]:port" into host and port.
+absl::Status SplitHostPort(const std::string& entry, std::string* host, int* port) {
+  const size_t colon = entry.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--workers entry '", entry, "' is not host:port"));
+  }
+  std::string h = entry.substr(0, colon);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  int p = 0;
+  if (!absl::SimpleAtoi(entry.substr(colon + 1), &p) || p < 1 || p > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers entry '", entry, "' has port '", entry.substr(colon + 1), "' (need 1..65535)"));
+  }
+  *host = h;
+  *port = p;
+  return absl::OkStatus();
+}
+
+// Every address `host` resolves to (A and AAAA records), as "ip:port" / "[ip6]:port".
+absl::StatusOr<std::vector<std::string>> Resolve(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0) return absl::UnavailableError(absl::StrCat("resolving '", host, "': ", gai_strerror(rc)));
+  std::vector<std::string> out;
+  for (addrinfo* a = res; a != nullptr; a = a->ai_next) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, buf, sizeof(buf));
+      out.push_back(absl::StrCat(buf, ":", port));
+    } else if (a->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, buf, sizeof(buf));
+      out.push_back(absl::StrCat("[", buf, "]:", port));
+    }
+  }
+  freeaddrinfo(res);
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+std::shared_ptr<dsv4::v1::Worker::Stub> MakeStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  // A restarted or rescheduled leader should be found within a poll or two, not after gRPC's default
+  // exponential backoff (up to 120 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Detect a leader whose host vanished (no RST) on long streams.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  return std::shared_ptr<dsv4::v1::Worker::Stub>(dsv4::v1::Worker::NewStub(channel));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ParseWorkerList(const std::string& list) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    std::string entry(absl::StripAsciiWhitespace(part));
+    std::string host;
+    int port = 0;
+    if (absl::Status s = SplitHostPort(entry, &host, &port); !s.ok()) return s;
+    out.push_back(entry);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("--workers is empty (need host:port[,host:port...])");
+  return out;
+}
+
+GroupPool::GroupPool(GroupPoolOptions options) : options_(std::move(options)), rng_(options_.seed) {}
+
+GroupPool::~GroupPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (watcher_.joinable()) watcher_.join();
+}
+
+absl::Status GroupPool::Start() {
+  for (const std::string& t : options_.targets) {
+    std::string host;
+    int port = 0;
+    if (absl::Status s = SplitHostPort(t, &host, &port); !s.ok()) return s;
+  }
+  if (options_.targets.empty()) return absl::InvalidArgumentError("no worker targets");
+  PollOnce();
+  watcher_ = std::thread([this] { WatchLoop(); });
+  return absl::OkStatus();
+}
+
+std::vector<std::string> GroupPool::ResolveTargets() {
+  std::vector<std::string> all;
+  for (const std::string& t : options_.targets) {
+    std::string host;
+    int port = 0;
+    (void)SplitHostPort(t, &host, &port);  // validated by Start
+    absl::StatusOr<std::vector<std::string>> r = Resolve(host, port);
+    if (!r.ok()) {
+      // Keep whatever groups this target had: a DNS hiccup must not drop live groups.
+      DSV4_LOG_WARN("coordinator: {}", std::string(r.status().message()));
+      absl::MutexLock lock(&mu_);
+      for (const auto& g : groups_) all.push_back(g->address);
+      continue;
+    }
+    all.insert(all.end(), r->begin(), r->end());
+  }
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
+void GroupPool::WatchLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.poll_interval)) return;
+    }
+    PollOnce();
+  }
+}
+
+void GroupPool::PollOnce() {
+  const std::vector<std::string> addresses = ResolveTargets();
+  std::vector<Group*> to_poll;
+  {
+    absl::MutexLock lock(&mu_);
+    // Groups that vanished from DNS are dropped; in-flight streams keep their own stub reference.
+    std::erase_if(groups_, [&](const std::unique_ptr<Group>& g) {
+      return !std::binary_search(addresses.begin(), addresses.end(), g->address);
+    });
+    for (const std::string& a : addresses) {
+      auto it = std::find_if(groups_.begin(), groups_.end(), [&](const auto& g) { return g->address == a; });
+      if (it == groups_.end()) {
+        auto g = std::make_unique<Group>();
+        g->address = a;
+        g->stub = MakeStub(a);
+        DSV4_LOG_INFO("coordinator: watching worker group {}", a);
+        groups_.push_back(std::move(g));
+      }
+    }
+    for (auto& g : groups_) to_poll.push_back(g.get());
+  }
+  // Groups are only removed by this thread, so the raw pointers stay valid until the next PollOnce.
+  struct Poll {
+    grpc::ClientContext load_ctx, info_ctx;
+    dsv4::v1::GetLoadResponse load;
+    dsv4::v1::GetModelInfoResponse info;
+    grpc::Status load_status, info_status;
+    bool want_info = false;
+  };
+  std::vector<Poll> polls(to_poll.size());
+  const absl::Time started = absl::Now();
+  int calls = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    for (size_t i = 0; i < to_poll.size(); ++i) {
+      polls[i].want_info = !to_poll[i]->model.has_value();
+      calls += polls[i].want_info ? 2 : 1;
+    }
+  }
+  absl::BlockingCounter done(calls);
+  const auto deadline = absl::ToChronoTime(started + options_.rpc_timeout);
+  dsv4::v1::GetLoadRequest load_req;
+  dsv4::v1::GetModelInfoRequest info_req;
+  for (size_t i = 0; i < to_poll.size(); ++i) {
+    Poll& p = polls[i];
+    p.load_ctx.set_deadline(deadline);
+    to_poll[i]->stub->async()->GetLoad(&p.load_ctx, &load_req, &p.load, [&p, &done](grpc::Status s) {
+      p.load_status = std::move(s);
+      done.DecrementCount();
+    });
+    if (p.want_info) {
+      p.info_ctx.set_deadline(deadline);
+      to_poll[i]->stub->async()->GetModelInfo(&p.info_ctx, &info_req, &p.info, [&p, &done](grpc::Status s) {
+        p.info_status = std::move(s);
+        done.DecrementCount();
+      });
+    }
+  }
+  done.Wait();
+
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < to_poll.size(); ++i) {
+    Group& g = *to_poll[i];
+    const Poll& p = polls[i];
+    if (started <= g.down_since) continue;  // this poll may predate the failure that marked it down
+    const bool was_ready = g.ready();
+    if (p.want_info && p.info_status.ok()) g.model = p.info;
+    g.answered = p.load_status.ok();
+    if (g.answered) {
+      g.load = p.load;
+      g.routed_since_poll = 0;
+      g.routed_since_poll_tokens = 0;
+    }
+    if (!g.answered) {
+      g.why = absl::StrCat("GetLoad: ", p.load_status.error_message());
+    } else if (!g.model.has_value()) {
+      g.why = absl::StrCat("GetModelInfo: ", p.info_status.error_message());
+    } else if (g.load.draining()) {
+      g.why = "draining";
+    } else {
+      g.why.clear();
+    }
+    if (was_ready != g.ready()) {
+      if (g.ready()) {
+        DSV4_LOG_INFO("coordinator: group {} is ready", g.address);
+      } else {
+        DSV4_LOG_WARN("coordinator: group {} is not ready: {}", g.address, g.why);
+      }
+    }
+  }
+}
+
+double GroupPool::Score(const Group& g) const {
+  const double tokens = static_cast<double>(g.load.running_tokens() + g.load.waiting_tokens() +
+                                            g.routed_since_poll_tokens);
+  return tokens * (1.0 + std::clamp(g.load.kv_usage_ratio(), 0.0, 1.0));
+}
+
+bool GroupPool::Saturated(const Group& g) const {
+  if (g.load.max_waiting() <= 0) return false;  // the group does not bound its queue
+  const int64_t free_slots = std::max<int64_t>(0, g.load.max_batch() - g.load.running());
+  const int64_t est_waiting = g.load.waiting() + std::max<int64_t>(0, g.routed_since_poll - free_slots);
+  return est_waiting >= g.load.max_waiting();
+}
+
+absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Group*> ready, open;
+  for (auto& g : groups_) {
+    if (!g->ready() || exclude.contains(g->address)) continue;
+    ready.push_back(g.get());
+    if (!Saturated(*g)) open.push_back(g.get());
+  }
+  if (ready.empty()) {
+    return absl::UnavailableError(absl::StrCat("no worker group is ready (", groups_.size(), " known, ",
+                                               exclude.size(), " already failed for this request)"));
+  }
+  if (open.empty()) {
+    double step = 0;
+    for (const Group* g : ready) step = std::max(step, g->load.recent_step_seconds());
+    const int64_t hint_ms = std::clamp<int64_t>(static_cast<int64_t>(step * 1000.0), 50, 5000);
+    return absl::ResourceExhaustedError(absl::StrCat("all ", ready.size(),
+                                                     " ready worker groups are saturated; retry after ",
+                                                     hint_ms, " ms"));
+  }
+  Group* chosen = open[0];
+  if (open.size() > 1) {
+    std::uniform_int_distribution<size_t> pick(0, open.size() - 1);
+    const size_t a = pick(rng_);
+    size_t b = pick(rng_);
+    while (b == a) b = pick(rng_);
+    chosen = Score(*open[b]) < Score(*open[a]) ? open[b] : open[a];
+  }
+  chosen->inflight += 1;
+  chosen->routed_since_poll += 1;
+  chosen->routed_since_poll_tokens += tokens;
+  return GroupHandle{.address = chosen->address, .stub = chosen->stub, .tokens = tokens};
+}
+
+void GroupPool::Release(const GroupHandle& group) {
+  absl::MutexLock lock(&mu_);
+  for (auto& g : groups_) {
+    if (g->address != group.address) continue;
+    g->inflight = std::max<int64_t>(0, g->inflight - 1);
+  }
+}
+
+void GroupPool::MarkDown(const std::string& address, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  for (auto& g : groups_) {
+    if (g->address != address) continue;
+    if (g->ready()) DSV4_LOG_WARN("coordinator: group {} marked down: {}", address, why);
+    g->answered = false;
+    g->why = why;
+    g->down_since = absl::Now();
+  }
+}
+
+std::optional<dsv4::v1::GetModelInfoResponse> GroupPool::ModelInfo() const {
+  absl::MutexLock lock(&mu_);
+  std::optional<dsv4::v1::GetModelInfoResponse> out;
+  int ready = 0;
+  for (const auto& g : groups_) {
+    if (g->ready()) ++ready;
+    if (!g->model.has_value()) continue;
+    if (!out.has_value()) {
+      out = *g->model;
+    } else {
+      out->set_vocab_size(std::min(out->vocab_size(), g->model->vocab_size()));
+      out->set_max_context(std::min(out->max_context(), g->model->max_context()));
+    }
+  }
+  if (out.has_value()) {
+    out->set_ready_groups(ready);
+    out->set_total_groups(static_cast<int>(groups_.size()));
+  }
+  return out;
+}
+
+std::vector<GroupStatus> GroupPool::Snapshot() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<GroupStatus> out;
+  for (const auto& g : groups_) {
+    out.push_back(GroupStatus{.address = g->address,
+                              .ready = g->ready(),
+                              .why_not_ready = g->why,
+                              .load = g->load,
+                              .inflight = g->inflight,
+                              .routed_since_poll_tokens = g->routed_since_poll_tokens});
+  }
+  return out;
+}
+
+int GroupPool::ReadyCount() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(std::count_if(groups_.begin(), groups_.end(), [](const auto& g) { return g->ready(); }));
+}
+
+bool GroupPool::WaitForReady(int n, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return std::count_if(groups_.begin(), groups_.end(), [](const auto& g) { return g->ready(); }) >= n;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
+}  // namespace dsv4::coordinator

@@ -1,0 +1,116 @@
+// GroupPool: the coordinator's view of its worker groups (one entry per group leader), with load-aware
+// choice of the group for each request.
+//
+// --workers is a comma-separated list of "host:port" entries; each entry may resolve to several addresses
+// (a Kubernetes headless service resolves to every leader pod), and each resolved address is one group. A
+// watcher thread re-resolves the list and polls every group with Worker.GetLoad (and Worker.GetModelInfo
+// until it has answered) every poll_interval. A group is READY when its last poll answered, it is not
+// draining and its model is known; a stream failure marks it down at once until a poll started after the
+// failure answers again.
+//
+// Routing is power of two choices (Mitzenmacher): pick two distinct ready, unsaturated groups at random and
+// take the one with the lower score, where
+//   score = (running_tokens + waiting_tokens + tokens routed here since that poll) * (1 + kv_usage_ratio).
+// Polled numbers are up to one poll old, so the tokens routed since the poll are added locally; with p2c a
+// burst does not herd onto the one group that looked emptiest at the last poll.
+// A group is saturated when its estimated waiting queue (polled waiting + requests routed since the poll
+// that did not fit into free batch slots) reaches the max_waiting it reports. When all are, Pick answers
+// RESOURCE_EXHAUSTED with a retry hint of about one decode step of the slowest group (50 ms .. 5 s).
+//
+// Threads: one watcher thread (owned, joined by the destructor) does blocking resolves and waits on its own
+// polls; Pick/MarkDown/Release are called from gRPC reactions and only take the mutex briefly.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dsv4/v1/coordinator.pb.h"
+#include "dsv4/v1/worker.grpc.pb.h"
+
+namespace dsv4::coordinator {
+
+struct GroupPoolOptions {
+  std::vector<std::string> targets;              // "host:port" entries; DNS names may resolve to many groups
+  absl::Duration poll_interval = absl::Milliseconds(100);
+  absl::Duration rpc_timeout = absl::Seconds(1);  // per GetLoad / GetModelInfo poll
+  uint64_t seed = 0;                              // p2c random choices (tests pin it)
+};
+
+// One group as a request sees it: where to send, and what to release afterwards.
+struct GroupHandle {
+  std::string address;  // "ip:port" of the leader; the group's identity
+  std::shared_ptr<dsv4::v1::Worker::Stub> stub;
+  int64_t tokens = 0;   // tokens accounted to the group by Pick, returned by Release
+};
+
+// A read-only copy of one group's state, for GetModelInfo, metrics and tests.
+struct GroupStatus {
+  std::string address;
+  bool ready = false;
+  std::string why_not_ready;  // last poll error, "draining", "model unknown", ...
+  dsv4::v1::GetLoadResponse load;
+  int64_t inflight = 0;       // requests this coordinator has on the group now
+  int64_t routed_since_poll_tokens = 0;
+};
+
+class GroupPool {
+ public:
+  explicit GroupPool(GroupPoolOptions options);
+  ~GroupPool();
+  GroupPool(const GroupPool&) = delete;
+  GroupPool& operator=(const GroupPool&) = delete;
+
+  // Resolves and polls once (blocking up to rpc_timeout), then starts the watcher thread. Never fails for
+  // unreachable groups (they become ready when they answer); fails only for a malformed target.
+  absl::Status Start();
+
+  // The group for a request of `tokens` tokens (prompt + max_new_tokens), excluding `exclude` addresses.
+  // UNAVAILABLE when no group is ready; RESOURCE_EXHAUSTED (with the retry hint in the message) when every
+  // ready group is saturated. The caller must Release the handle when its stream ends.
+  absl::StatusOr<GroupHandle> Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude);
+  void Release(const GroupHandle& group);
+
+  // A stream to the group failed the way a dead or unreachable process does: stop routing to it until a
+  // poll that starts after now answers.
+  void MarkDown(const std::string& address, const std::string& why);
+
+  // The model served by the ready groups (ready_groups/total_groups filled in); nullopt before any group
+  // has answered GetModelInfo. When groups disagree, vocab_size and max_context are the minimum.
+  std::optional<dsv4::v1::GetModelInfoResponse> ModelInfo() const;
+  std::vector<GroupStatus> Snapshot() const;
+  int ReadyCount() const;
+
+  // Blocks until at least `n` groups are ready or `timeout` passes; for start-up and tests.
+  bool WaitForReady(int n, absl::Duration timeout) const;
+
+ private:
+  struct Group;
+  void WatchLoop();
+  void PollOnce();
+  std::vector<std::string> ResolveTargets();
+  double Score(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool Saturated(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const GroupPoolOptions options_;
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watcher_;
+};
+
+// Splits "a:1,b:2" into entries, checking each has a host and a port in 1..65535.
+absl::StatusOr<std::vector<std::string>> ParseWorkerList(const std::string& list);
+
+}  // namespace dsv4::coordinator

@@ -1,0 +1,160 @@
+// See server.h: building the Coordinator gRPC server, its health/reflection services, metrics and drain.
+#include "coordinator/server.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+
+namespace dsv4::coordinator {
+
+class CoordinatorServer::Service final : public dsv4::v1::Coordinator::CallbackService {
+ public:
+  explicit Service(CallEnv* env) : env_(env) {}
+
+  grpc::ServerWriteReactor<dsv4::v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
+                                                                const dsv4::v1::GenerateRequest* request) override {
+    return new GenerateCall(env_, ctx, request);  // deletes itself
+  }
+
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const dsv4::v1::GetModelInfoRequest*,
+                                         dsv4::v1::GetModelInfoResponse* response) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    std::optional<dsv4::v1::GetModelInfoResponse> info = env_->pool->ModelInfo();
+    if (!info.has_value()) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   "no worker group has reported its model yet (see the coordinator log)"));
+      return reactor;
+    }
+    *response = *info;
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+ private:
+  CallEnv* const env_;
+};
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const CoordinatorOptions& options) {
+  if (options.max_attempts < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-attempts = ", options.max_attempts, " must be >= 1"));
+  }
+  std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
+  s->options_ = options;
+  const metrics::Labels labels{.role = "coordinator", .group = 0, .rank = 0};
+  if (!options.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> m = metrics::MetricsServer::Start(options.metrics_listen);
+    if (!m.ok()) return m.status();
+    s->metrics_server_ = *std::move(m);
+    prometheus::Registry& registry = *s->metrics_server_->registry();
+    s->metrics_ = std::make_unique<metrics::ServingMetrics>(registry, labels);
+    const std::map<std::string, std::string> l{
+        {"role", labels.role}, {"group", std::to_string(labels.group)}, {"rank", std::to_string(labels.rank)}};
+    s->failovers_ = &prometheus::BuildCounter()
+                         .Name("dsv4_coordinator_failovers_total")
+                         .Help("Requests resubmitted to another worker group after their group failed mid-stream")
+                         .Register(registry)
+                         .Add(l);
+    s->ready_groups_ = &prometheus::BuildGauge()
+                            .Name("dsv4_coordinator_ready_groups")
+                            .Help("Worker groups the coordinator currently routes to")
+                            .Register(registry)
+                            .Add(l);
+  }
+
+  GroupPoolOptions pool_options{.targets = options.workers,
+                                .poll_interval = options.poll_interval,
+                                .rpc_timeout = options.poll_timeout,
+                                .seed = options.route_seed != 0 ? options.route_seed
+                                                                : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
+  s->pool_ = std::make_unique<GroupPool>(std::move(pool_options));
+  if (absl::Status st = s->pool_->Start(); !st.ok()) return st;
+  s->env_ = CallEnv{.pool = s->pool_.get(),
+                    .tracker = &s->tracker_,
+                    .metrics = s->metrics_.get(),
+                    .failovers = s->failovers_,
+                    .max_attempts = options.max_attempts};
+  s->service_ = std::make_unique<Service>(&s->env_);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", options.listen));
+  }
+  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  s->stats_ = std::thread([p = s.get()] { p->StatsLoop(); });
+  DSV4_LOG_INFO("coordinator: serving dsv4.v1.Coordinator on port {} ({} worker targets, {} ready)", s->port_,
+                options.workers.size(), s->pool_->ReadyCount());
+  return s;
+}
+
+void CoordinatorServer::StatsLoop() {
+  absl::MutexLock lock(&mu_);
+  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(500))) {
+    if (metrics_ == nullptr) continue;
+    double kv = 0;
+    int64_t waiting = 0;
+    int ready = 0;
+    for (const GroupStatus& g : pool_->Snapshot()) {
+      if (!g.ready) continue;
+      ++ready;
+      kv = std::max(kv, g.load.kv_usage_ratio());
+      waiting += g.load.waiting();
+    }
+    // The coordinator queues nothing itself: "running" is its in-flight calls, "waiting" the groups' queues.
+    metrics_->SetRunning(tracker_.inflight());
+    metrics_->SetWaiting(static_cast<int>(waiting));
+    metrics_->SetKvUsage(kv);
+    ready_groups_->Set(ready);
+  }
+}
+
+int CoordinatorServer::Drain(absl::Duration timeout) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return 0;
+  }
+  DSV4_LOG_INFO("coordinator: draining ({} in flight, timeout {})", tracker_.inflight(), absl::FormatDuration(timeout));
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  tracker_.StopAdmitting();
+  const bool idle = tracker_.WaitIdle(timeout);
+  const int left = idle ? 0 : tracker_.inflight();
+  if (!idle) DSV4_LOG_WARN("coordinator: drain timeout with {} calls in flight; cancelling them", left);
+  server_->Shutdown(std::chrono::system_clock::now());
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+  }
+  DSV4_LOG_INFO("coordinator: drained");
+  return left;
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  bool need_shutdown = false;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    need_shutdown = !shut_down_;
+    shut_down_ = true;
+  }
+  if (stats_.joinable()) stats_.join();
+  if (server_ != nullptr) {
+    if (need_shutdown) server_->Shutdown(std::chrono::system_clock::now());
+    server_->Wait();
+  }
+  // Calls cancelled by the shutdown end their worker streams before the pool (and its stubs) go away.
+  tracker_.WaitIdle(absl::Seconds(5));
+}
+
+}  // namespace dsv4::coordinator

@@ -1,0 +1,73 @@
+// CoordinatorServer: the dsv4.v1.Coordinator gRPC server (Generate, GetModelInfo), with the standard
+// grpc.health.v1 service and server reflection, its GroupPool, and its Prometheus metrics. dsv4-coordinator
+// (main.cc) is a thin shell around it; tests run it in-process.
+//
+// Threads: gRPC's callback threads run every RPC; GroupPool owns a watcher thread; a stats thread refreshes
+// the gauges twice a second. Drain() is called from one control thread (main's signal waiter or a test).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/generate_call.h"
+#include "coordinator/group_pool.h"
+#include "dsv4/v1/coordinator.grpc.pb.h"
+#include "grpcpp/server.h"
+#include "metrics/serving_metrics.h"
+
+namespace dsv4::coordinator {
+
+struct CoordinatorOptions {
+  std::string listen = "0.0.0.0:50051";      // host:port; port 0 picks a free one
+  std::vector<std::string> workers;          // group leaders (host:port, DNS names may resolve to many)
+  std::string metrics_listen;                // host:port for /metrics; empty = no metrics endpoint
+  absl::Duration poll_interval = absl::Milliseconds(100);
+  absl::Duration poll_timeout = absl::Seconds(1);
+  int max_attempts = 4;                      // upstream streams per request (first + failovers/retries)
+  uint64_t route_seed = 0;                   // power-of-two-choices RNG; 0 = from the clock
+};
+
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(const CoordinatorOptions& options);
+  ~CoordinatorServer();  // shuts down at once (in-flight calls are cancelled)
+
+  int port() const { return port_; }
+  int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+  GroupPool& pool() { return *pool_; }
+  const CallTracker& tracker() const { return tracker_; }
+
+  // Graceful drain: health NOT_SERVING, no new admissions (UNAVAILABLE), in-flight calls run to their end
+  // for up to `timeout`, then the server shuts down, cancelling what is left. Returns how many calls were
+  // still in flight when the timeout cut them off (0 = a clean drain). Idempotent.
+  int Drain(absl::Duration timeout);
+
+ private:
+  class Service;
+  CoordinatorServer() = default;
+  void StatsLoop();
+
+  CoordinatorOptions options_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;
+  std::unique_ptr<metrics::ServingMetrics> metrics_;
+  prometheus::Counter* failovers_ = nullptr;
+  prometheus::Gauge* ready_groups_ = nullptr;
+  std::unique_ptr<GroupPool> pool_;
+  CallTracker tracker_;
+  CallEnv env_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread stats_;
+};
+
+}  // namespace dsv4::coordinator
