@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Checks of deploy/: promtool validates the scrape configs and the alert rules (and runs their unit tests), the
+Kubernetes manifests parse and carry the fields a GPU serving deployment needs, the Dockerfile is multi-stage with
+a slim runtime, and the Grafana dashboard is the generator's output and charts every required series.
+Run: python3 tests/deploy/check_deploy.py  (ctest -R deploy_checks)."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.environ.get("DSV4_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
+DEPLOY = os.path.join(ROOT, "deploy")
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(DEPLOY, "grafana"))
+import k8s_to_static  # noqa: E402
+import make_dashboard  # noqa: E402
+
+
+def promtool(*args, cwd):
+    r = subprocess.run(["promtool", *args], cwd=cwd, capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def load_all(name):
+    with open(os.path.join(DEPLOY, "k8s", name)) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def flag(args, name):
+    """The value of --name=VALUE in a container's args (also inside a shell command line)."""
+    m = re.search(r"--%s=(\S+)" % re.escape(name), " ".join(args))
+    return m.group(1).strip('"') if m else None
+
+
+class PromtoolTest(unittest.TestCase):
+    def test_rules_are_valid_and_their_unit_tests_pass(self):
+        prom = os.path.join(DEPLOY, "prometheus")
+        rc, out = promtool("check", "rules", "alerts.yml", cwd=prom)
+        self.assertEqual(rc, 0, out)
+        rc, out = promtool("test", "rules", "alerts_test.yml", cwd=prom)
+        self.assertEqual(rc, 0, out)
+
+    def test_alerts_cover_the_required_conditions(self):
+        with open(os.path.join(DEPLOY, "prometheus", "alerts.yml")) as f:
+            rules = {r["alert"]: r["expr"] for g in yaml.safe_load(f)["groups"] for r in g["rules"]}
+        self.assertIn("dsv4_generation_tokens_total", rules["Dsv4NoTokensWhileRequestsRun"])
+        self.assertIn("[2m]", rules["Dsv4NoTokensWhileRequestsRun"])
+        self.assertIn("0.95", rules["Dsv4KvCacheNearlyFull"])
+        self.assertIn("histogram_quantile(0.99", rules["Dsv4TtftP99High"])
+        self.assertIn("up{", rules["Dsv4RankDown"])
+
+    def test_local_config_is_valid(self):
+        rc, out = promtool("check", "config", "prometheus-local.yml", cwd=os.path.join(DEPLOY, "prometheus"))
+        self.assertEqual(rc, 0, out)
+
+    def test_kubernetes_config_is_valid(self):
+        with open(os.path.join(DEPLOY, "prometheus", "prometheus-k8s.yml")) as f:
+            cfg = yaml.safe_load(f)
+        sd = cfg["scrape_configs"][0]["kubernetes_sd_configs"][0]
+        self.assertEqual(sd["role"], "pod")
+        rc, out = promtool("check", "config", "prometheus-k8s.yml", cwd=os.path.join(DEPLOY, "prometheus"))
+        if rc != 0 and "kubernetes_sd_configs" not in out:
+            self.fail(out)
+        # Debian's promtool lacks Kubernetes discovery: check everything else with the block swapped out.
+        with tempfile.TemporaryDirectory() as tmp:
+            shutil.copy(os.path.join(DEPLOY, "prometheus", "alerts.yml"), tmp)
+            static = k8s_to_static.to_static(cfg, [k8s_to_static.pod_target("10.0.0.1:50051", "dsv4-worker", 9401)])
+            with open(os.path.join(tmp, "prometheus.yml"), "w") as f:
+                yaml.safe_dump(static, f)
+            rc, out = promtool("check", "config", "prometheus.yml", cwd=tmp)
+            self.assertEqual(rc, 0, out)
+
+
+class ManifestTest(unittest.TestCase):
+    def check_pod(self, pod, grpc_port, metrics_port, drain_at_least, gpu):
+        c = pod["spec"]["containers"][0]
+        args = c.get("command", []) + c.get("args", [])
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            self.assertEqual(c[probe]["grpc"]["port"], grpc_port, probe)
+        pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
+        sleep_s = float(pre_stop[-1]) if "sleep" in pre_stop[0] else 0
+        drain_s = float(flag(args, "drain-timeout"))
+        self.assertGreaterEqual(drain_s, drain_at_least)
+        grace = pod["spec"]["terminationGracePeriodSeconds"]
+        self.assertGreater(grace, sleep_s + drain_s, "terminationGracePeriodSeconds must cover preStop + drain")
+        self.assertTrue(flag(args, "metrics-listen").endswith(":%d" % metrics_port))
+        self.assertTrue(flag(args, "listen").endswith(":%d" % grpc_port))
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        self.assertEqual(ports, {"grpc": grpc_port, "metrics": metrics_port})
+        ann = pod["metadata"]["annotations"]
+        self.assertEqual(ann["prometheus.io/scrape"], "true")
+        self.assertEqual(int(ann["prometheus.io/port"]), metrics_port)
+        if gpu:
+            self.assertEqual(c["resources"]["requests"]["nvidia.com/gpu"], 1)
+            self.assertEqual(c["resources"]["limits"]["nvidia.com/gpu"], 1)
+            mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+            vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+            shm = [n for n, p in mounts.items() if p == "/dev/shm"]
+            self.assertEqual(len(shm), 1, "worker needs a /dev/shm mount")
+            self.assertEqual(vols[shm[0]]["emptyDir"]["medium"], "Memory")
+        return args
+
+    def test_coordinator_deployment_and_service(self):
+        docs = {(d["kind"], d["metadata"]["name"]): d for d in load_all("coordinator.yaml")}
+        dep = docs[("Deployment", "dsv4-coordinator")]
+        pod = dep["spec"]["template"]
+        self.assertEqual(dep["spec"]["selector"]["matchLabels"].items() - pod["metadata"]["labels"].items(), set())
+        args = self.check_pod(pod, 50051, 9400, drain_at_least=1, gpu=False)
+        self.assertIn("dsv4-leaders", flag(args, "workers"))
+        svc = docs[("Service", "dsv4-coordinator")]
+        self.assertEqual(svc["spec"]["selector"].items() - pod["metadata"]["labels"].items(), set())
+        self.assertIn(50051, [p["port"] for p in svc["spec"]["ports"]])
+
+    def test_worker_groups_statefulsets_and_headless_services(self):
+        docs = load_all("worker-groups.yaml")
+        services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+        sets = [d for d in docs if d["kind"] == "StatefulSet"]
+        self.assertGreaterEqual(len(sets), 2, "two worker groups expected")
+        groups = set()
+        for s in sets:
+            pod = s["spec"]["template"]
+            svc = services[s["spec"]["serviceName"]]
+            self.assertEqual(svc["spec"]["clusterIP"], "None", "rendezvous needs a headless service")
+            self.assertTrue(svc["spec"]["publishNotReadyAddresses"])
+            labels = pod["metadata"]["labels"]
+            self.assertEqual(svc["spec"]["selector"].items() - labels.items(), set())
+            self.assertEqual(s["spec"]["selector"]["matchLabels"].items() - labels.items(), set())
+            args = self.check_pod(pod, 50061, 9401, drain_at_least=30, gpu=True)
+            group = flag(args, "group")
+            self.assertEqual(group, labels["dsv4.io/group"])
+            groups.add(group)
+            self.assertIn("POD_INDEX", flag(args, "rank"))
+        self.assertEqual(len(groups), len(sets), "each StatefulSet is its own group")
+        leaders = services["dsv4-leaders"]
+        self.assertEqual(leaders["spec"]["clusterIP"], "None")
+        self.assertEqual(leaders["spec"]["selector"]["apps.kubernetes.io/pod-index"], "0")
+
+    def test_every_manifest_names_its_namespace(self):
+        for name in ("coordinator.yaml", "worker-groups.yaml"):
+            for d in load_all(name):
+                self.assertEqual(d["metadata"]["namespace"], "dsv4", d["metadata"]["name"])
+
+
+class DockerfileTest(unittest.TestCase):
+    def test_multi_stage_with_slim_runtime(self):
+        with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+            text = f.read()
+        stages = re.findall(r"^FROM\s+(\S+)(?:\s+AS\s+(\S+))?", text, re.M)
+        self.assertGreaterEqual(len(stages), 2)
+        self.assertIn("slim", stages[-1][0])
+        runtime = text[text.rindex("\nFROM "):]
+        self.assertIn("COPY --from=build", runtime)
+        self.assertNotRegex(runtime, r"cuda-nvcc|-dev\b|build-essential", "runtime stage must not carry toolchains")
+        for binary in ("dsv4-worker", "dsv4-coordinator"):
+            self.assertIn(binary, text)
+
+
+class DashboardTest(unittest.TestCase):
+    def test_committed_json_is_the_generators_output(self):
+        with open(os.path.join(DEPLOY, "grafana", "dsv4-dashboard.json")) as f:
+            self.assertEqual(f.read(), make_dashboard.render(),
+                             "run python3 deploy/grafana/make_dashboard.py and commit the JSON")
+
+    def test_charts_every_required_series(self):
+        d = json.loads(make_dashboard.render())
+        exprs = " ".join(t["expr"] for p in d["panels"] for t in p["targets"])
+        for needed in ("dsv4_generation_tokens_total", "dsv4_time_to_first_token_seconds_bucket",
+                       "dsv4_inter_token_latency_seconds_bucket", "dsv4_kv_cache_usage_ratio",
+                       "dsv4_decode_batch_size", "dsv4_num_requests_waiting", "dsv4_num_requests_running",
+                       "dsv4_attention_time_share", "dsv4_decode_gpu_seconds_total", "histogram_quantile(0.5",
+                       "histogram_quantile(0.9,", "histogram_quantile(0.99"):
+            self.assertIn(needed, exprs)
+        names = {v["name"] for v in d["templating"]["list"]}
+        self.assertTrue({"group", "rank"} <= names)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
