@@ -36,6 +36,7 @@ import make_dashboard  # noqa: E402
 WORKER = os.path.join(BIN, "worker", "dsv4-worker")
 COORDINATOR = os.path.join(BIN, "coordinator", "dsv4-coordinator")
 MAKE_CKPT = os.path.join(BIN, "tools", "make_checkpoint", "dsv4-make-checkpoint")
+TINY_CONFIG = os.path.join(SRC, "configs", "tiny.json")
 REQUESTS, MAX_NEW_TOKENS, PROMPT_LEN = 6, 8, 5
 
 
@@ -90,10 +91,10 @@ def grpc_stubs(tmp):
 
 class PrometheusEndToEndTest(unittest.TestCase):
     def setUp(self):
-        for path in (WORKER, COORDINATOR, MAKE_CKPT, shutil.which("prometheus")):
+        for path in (WORKER, COORDINATOR, MAKE_CKPT, TINY_CONFIG, shutil.which("prometheus")):
             if not path or not os.path.exists(path):
-                self.fail(f"missing {path}: build dsv4-worker, dsv4-coordinator, dsv4-make-checkpoint; "
-                          "install Debian's prometheus (scripts/install-deps.sh)")
+                self.fail(f"missing {path}: the test needs dsv4-worker, dsv4-coordinator, dsv4-make-checkpoint, "
+                          "configs/tiny.json and Debian's prometheus (scripts/install-deps.sh)")
         self.tmp = tempfile.mkdtemp(prefix="dsv4-prom-e2e-")
         self.procs = []
 
@@ -122,7 +123,7 @@ class PrometheusEndToEndTest(unittest.TestCase):
 
     def start_service(self):
         ckpt = os.path.join(self.tmp, "ckpt")
-        subprocess.run([MAKE_CKPT, "--config", os.path.join(SRC, "configs", "tiny.json"), "--seed", "1",
+        subprocess.run([MAKE_CKPT, "--config", TINY_CONFIG, "--seed", "1",
                         "--out", ckpt], check=True, capture_output=True)
         workers = []
         for g in (0, 1):
