@@ -1,0 +1,116 @@
+// Device helpers shared by the sparse-MLA CUDA kernels: PTX wrappers (cp.async, ldmatrix, bf16 mma.sync),
+// FP8 row dequantisation and the index-to-row-address decode. Plain sm_80+ PTX plus the sm_89+ e4m3
+// conversion, so the same code serves sm_90 (H100/H200) and sm_120 (consumer Blackwell).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/float_formats.h"
+#include "kernels/sparse_mla/kv_row_format.h"
+#include "kernels/sparse_mla/sparse_mla_params.h"
+
+namespace dsv4::kernels::sparse_mla::device {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// cp.async of 16 bytes through L2 only (rows are read once per block); zero-fills when !valid.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+// cp.async of 8 bytes (the scale footer of a row); zero-fills when !valid.
+__device__ __forceinline__ void CpAsync8(uint32_t dst, const void* src, bool valid) {
+  const int n = valid ? 8 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Four 8x8 bf16 matrices from shared memory (lanes 8i..8i+7 give matrix i's row addresses).
+__device__ __forceinline__ void Ldsm4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+// Same, each matrix transposed on the way (row-major [k][n] data -> B fragments of a row.col mma).
+__device__ __forceinline__ void Ldsm4T(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+               : "r"(addr)
+               : "memory");
+}
+
+// c += a * b for one m16n8k16 tile, bf16 inputs, f32 accumulators (fragment layouts of the PTX ISA:
+// a: rows g / g+8, k 2t..2t+1 / 2t+8..2t+9; b: k 2t.. / 2t+8.., column g; c: rows g / g+8, cols 2t, 2t+1,
+// with g = lane / 4 and t = lane % 4).
+__device__ __forceinline__ void Mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four e4m3 bytes (little-endian in `v`) times a power-of-two scale -> two bf16x2 words. The hardware
+// e4m3x2 -> f16x2 conversion is exact (subnormals included), the f32 product by 2^k is exact inside f32's
+// range, and the result has 4 significant bits, so the bf16 rounding is exact too.
+__device__ __forceinline__ void DequantE4m3x4(uint32_t v, float scale, uint32_t& lo, uint32_t& hi) {
+  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
+  const float2 f0 = __half22float2(__half2(h0));
+  const float2 f1 = __half22float2(__half2(h1));
+  lo = PackBf16x2(f0.x * scale, f0.y * scale);
+  hi = PackBf16x2(f1.x * scale, f1.y * scale);
+}
+
+// Where sequence b's selected position `pos` (window entries first, then extra entries, both already cut at
+// their lengths: `ew` window entries) lives. Returns false for skipped entries (-1, outside the pool).
+struct RowAddress {
+  const uint8_t* data;
+  const uint8_t* scales;
+};
+// Fields are selected one by one (not through a reference to p.window / p.extra) so the kernel parameters
+// stay in the parameter space instead of being copied to local memory.
+__device__ __forceinline__ bool LocateRow(const SparseMlaParams& p, int b, int pos, int ew, RowAddress& addr) {
+  const bool is_extra = pos >= ew;
+  const int32_t* indices = is_extra ? p.extra.indices : p.window.indices;
+  const int index_stride = is_extra ? p.extra.index_stride : p.window.index_stride;
+  const int page_rows = is_extra ? p.extra.page_rows : p.window.page_rows;
+  const int64_t num_pages = is_extra ? p.extra.num_pages : p.window.num_pages;
+  const uint8_t* cache = is_extra ? p.extra.cache : p.window.cache;
+  const int j = is_extra ? pos - ew : pos;
+  const int32_t id = __ldg(indices + static_cast<int64_t>(b) * index_stride + j);
+  if (id < 0 || id >= num_pages * page_rows) return false;
+  const int page = id / page_rows;
+  const int r = id - page * page_rows;
+  const int64_t stride =
+      (static_cast<int64_t>(page_rows) * kRowBytes + kRowDataBytes - 1) / kRowDataBytes * kRowDataBytes;
+  const uint8_t* base = cache + page * stride;
+  addr.data = base + static_cast<int64_t>(r) * kRowDataBytes;
+  addr.scales = base + static_cast<int64_t>(page_rows) * kRowDataBytes + r * kRowScaleBytes;
+  return true;
+}
+
+// Entries of one cache that sequence b uses: min(length, topk), or topk without lengths.
+__device__ __forceinline__ int UsedEntries(int topk, const int32_t* lengths, int b) {
+  if (topk == 0) return 0;
+  if (lengths == nullptr) return topk;
+  return min(max(__ldg(lengths + b), 0), topk);
+}
+
+}  // namespace dsv4::kernels::sparse_mla::device

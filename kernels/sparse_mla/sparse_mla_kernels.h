@@ -1,0 +1,26 @@
+// Internal interface between the host launcher (sparse_mla_launch.cc) and the CUDA translation units.
+// Plain C++ and the CUDA runtime types only; validation and plans live in the launcher.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kernels/sparse_mla/sparse_mla_params.h"
+
+namespace dsv4::kernels::sparse_mla::internal {
+
+// Heads of one MMA block: 16 * m_tiles (m_tiles = 1, 2 or 4; H = 128 runs two 64-head groups).
+// Tile rows: KV rows per pipeline step (16 or 32). Dynamic shared memory of that configuration.
+int MmaSmemBytes(int m_tiles, int tile_rows);
+// Raises the kernel's dynamic shared memory limit (once, at plan time, outside any graph capture).
+cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows);
+// Split-KV scratch: [B, H, splits, 512] f32 partial outputs + [B, H, splits] f32 partial LSE.
+size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits);
+// Main kernel over (head group, split, sequence) and, when num_splits > 1, the LSE combine kernel.
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, int m_tiles, int tile_rows, int num_splits,
+                            cudaStream_t stream);
+// One block per (sequence, head), f32 on CUDA cores.
+cudaError_t LaunchSimtDecode(const SparseMlaParams& p, cudaStream_t stream);
+
+}  // namespace dsv4::kernels::sparse_mla::internal

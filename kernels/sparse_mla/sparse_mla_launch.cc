@@ -1,0 +1,113 @@
+// Plans and launches of the CUDA sparse-MLA decode (see sparse_mla_launch.h).
+#include "kernels/sparse_mla/sparse_mla_launch.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/sparse_mla/sparse_mla_kernels.h"
+#include "kernels/sparse_mla/sparse_mla_validate.h"
+
+namespace dsv4::kernels::sparse_mla {
+namespace {
+
+absl::Status CudaStatus(cudaError_t err, std::string_view what) {
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat(std::string(what), ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
+}
+
+bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+}  // namespace
+
+absl::StatusOr<SparseMlaKernel> ParseSparseMlaKernel(std::string_view name) {
+  if (name == "mma") return SparseMlaKernel::kMma;
+  if (name == "simt") return SparseMlaKernel::kSimt;
+  return absl::InvalidArgumentError(absl::StrCat("attention kernel '", std::string(name), "' is not one of: mma, simt"));
+}
+
+std::string_view SparseMlaKernelName(SparseMlaKernel kernel) {
+  return kernel == SparseMlaKernel::kMma ? "mma" : "simt";
+}
+
+absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
+                                                int max_topk, const SparseMlaPlanOptions& options) {
+  if (max_batch < 1) return absl::InvalidArgumentError(absl::StrCat("max_batch is ", max_batch, ", must be >= 1"));
+  if (num_heads != 16 && num_heads != 32 && num_heads != 64 && num_heads != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_heads is ", num_heads, "; the CUDA kernels take 16, 32, 64 or 128 (pad heads)"));
+  }
+  if (max_topk < 0) return absl::InvalidArgumentError(absl::StrCat("max_topk is ", max_topk, ", must be >= 0"));
+  SparseMlaPlan plan{.kernel = kernel, .max_batch = max_batch, .num_heads = num_heads, .max_topk = max_topk};
+  if (kernel == SparseMlaKernel::kSimt) return plan;
+
+  int device = 0, sms = 0, smem_optin = 0;
+  DSV4_RETURN_IF_ERROR(CudaStatus(cudaGetDevice(&device), "cudaGetDevice"));
+  DSV4_RETURN_IF_ERROR(
+      CudaStatus(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SM count"));
+  DSV4_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "shared memory"));
+
+  plan.m_tiles = std::min(num_heads / 16, 4);
+  plan.head_groups = num_heads / (16 * plan.m_tiles);
+  if (options.tile_rows != 0 && options.tile_rows != 16 && options.tile_rows != 32) {
+    return absl::InvalidArgumentError(absl::StrCat("tile_rows is ", options.tile_rows, "; use 16 or 32"));
+  }
+  plan.tile_rows = options.tile_rows;
+  if (plan.tile_rows == 0) {
+    plan.tile_rows = internal::MmaSmemBytes(plan.m_tiles, 32) <= smem_optin ? 32 : 16;
+  }
+  plan.smem_bytes = internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
+  if (plan.smem_bytes > smem_optin) {
+    return absl::FailedPreconditionError(absl::StrCat("the MMA kernel needs ", plan.smem_bytes,
+                                                      " bytes of shared memory per block; this GPU allows ",
+                                                      smem_optin));
+  }
+  const int tiles = std::max(1, (max_topk + plan.tile_rows - 1) / plan.tile_rows);
+  const int64_t blocks = static_cast<int64_t>(max_batch) * plan.head_groups;
+  plan.num_splits = options.num_splits > 0
+                        ? options.num_splits
+                        : static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
+  if (plan.num_splits > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("num_splits is ", plan.num_splits, ", at most 65535"));
+  }
+  plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits);
+  DSV4_RETURN_IF_ERROR(
+      CudaStatus(internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows), "cudaFuncSetAttribute"));
+  return plan;
+}
+
+absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMlaPlan& plan,
+                                   cudaStream_t stream) {
+  DSV4_RETURN_IF_ERROR(ValidateSparseMlaParams(params, /*cuda_head_counts=*/true));
+  if (params.num_heads != plan.num_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_heads is ", params.num_heads, " but the plan was made for ", plan.num_heads));
+  }
+  if (params.batch > plan.max_batch || params.batch > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch is ", params.batch, " but the plan was made for at most ", plan.max_batch));
+  }
+  // cp.async gathers 16-byte chunks and the kernels read q / write out in 4- to 16-byte words.
+  if (!Aligned(params.window.cache, 16) || !Aligned(params.extra.cache, 16)) {
+    return absl::InvalidArgumentError("window.cache and extra.cache must be 16-byte aligned");
+  }
+  if (!Aligned(params.q, 16) || !Aligned(params.out, 16) || !Aligned(params.lse, 4)) {
+    return absl::InvalidArgumentError("q and out must be 16-byte aligned, lse 4-byte aligned");
+  }
+  if (plan.kernel == SparseMlaKernel::kSimt) {
+    return CudaStatus(internal::LaunchSimtDecode(params, stream), "SIMT sparse-MLA launch");
+  }
+  const size_t need = internal::MmaWorkspaceBytes(params.batch, params.num_heads, plan.num_splits);
+  if (need > 0 && (params.workspace == nullptr || params.workspace_bytes < need || !Aligned(params.workspace, 16))) {
+    return absl::InvalidArgumentError(absl::StrCat("workspace has ", params.workspace_bytes,
+                                                   " bytes (or is null or misaligned); this launch needs ",
+                                                   need, " bytes, 16-byte aligned"));
+  }
+  return CudaStatus(internal::LaunchMmaDecode(params, plan.m_tiles, plan.tile_rows, plan.num_splits, stream),
+                    "MMA sparse-MLA launch");
+}
+
+}  // namespace dsv4::kernels::sparse_mla

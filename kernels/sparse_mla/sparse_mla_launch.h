@@ -1,0 +1,55 @@
+// Host entry point of the CUDA sparse-MLA decode: pick a kernel (--attention-kernel=mma|simt), make a plan
+// once per (H, batch bucket) at start-up, then launch with no host-side decisions, so launches can be
+// captured in CUDA graphs. The plan fixes the launch configuration (tile rows, split count, grid) from the
+// device's SM count and shared memory only: nothing tunes itself at capture time.
+//
+// Threading: a plan is immutable; launches may come from any thread that owns the stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/sparse_mla/sparse_mla_params.h"
+
+namespace dsv4::kernels::sparse_mla {
+
+enum class SparseMlaKernel { kMma, kSimt };
+
+// "mma" or "simt" (the --attention-kernel flag); anything else is InvalidArgument.
+absl::StatusOr<SparseMlaKernel> ParseSparseMlaKernel(std::string_view name);
+std::string_view SparseMlaKernelName(SparseMlaKernel kernel);
+
+// Overrides for tests and benchmarks; 0 = automatic.
+struct SparseMlaPlanOptions {
+  int tile_rows = 0;   // 16 or 32 rows per pipeline step (automatic: 32 where shared memory allows)
+  int num_splits = 0;  // split-KV blocks per (sequence, head group)
+};
+
+struct SparseMlaPlan {
+  SparseMlaKernel kernel = SparseMlaKernel::kMma;
+  int max_batch = 0;        // B of the bucket; launches take any batch <= max_batch
+  int num_heads = 0;        // H
+  int max_topk = 0;         // window.topk + extra.topk the split count was chosen for
+  int m_tiles = 0;          // MMA: 16-head m-tiles per block (1, 2 or 4)
+  int head_groups = 0;      // MMA: blocks per sequence along heads (H / (16 * m_tiles))
+  int tile_rows = 0;        // MMA: KV rows per pipeline step
+  int num_splits = 1;       // MMA: blocks per (sequence, head group) along the selected rows
+  int smem_bytes = 0;       // MMA: dynamic shared memory per block
+  size_t workspace_bytes = 0;  // SparseMlaParams::workspace needed for max_batch
+};
+
+// Chooses the launch configuration on the current device: splits = clamp(SMs / (B * head groups), 1,
+// tiles of max_topk), so small batches still fill the GPU. Raises the kernel's shared memory limit.
+absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
+                                                int max_topk, const SparseMlaPlanOptions& options = {});
+
+// Validates `params` against the contract and the plan (H, batch, workspace, pointer alignment) and
+// enqueues the kernel(s) on `stream`. Capturable: no allocation, no synchronisation.
+absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMlaPlan& plan,
+                                   cudaStream_t stream);
+
+}  // namespace dsv4::kernels::sparse_mla

@@ -1,0 +1,468 @@
+// Tensor-core sparse-MLA decode (bf16 mma.sync m16n8k16, f32 accumulate), design in docs/sparse-mla.md.
+//
+// One block = one sequence x one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one
+// split of the selected rows. The block streams its rows in tiles of kTileRows through a 3-stage cp.async
+// ring (each row gathered by index, read once for all G heads), dequantises each tile once into a bf16 tile
+// in shared memory, and per tile runs three phases separated by barriers:
+//   1. scores: S[G, rows] = Q K^T. Q stays in registers (A fragments); warp w owns kWarpM m-tiles and
+//      kQkDims of the 512 dims, so its partial scores are summed over the kDimGroups warps in phase 2.
+//   2. online softmax in f32 (base 2), P (bf16) and the per-head rescale factor to shared memory.
+//   3. O[G, 512] = alpha * O + P V: warp w owns dims [64w, 64w + 64) for all G heads (128 f32 accumulators
+//      per thread at G = 64), and dequantises the next tile meanwhile (ALU work beside the tensor work).
+// With several splits each block writes its normalised partial output and LSE, and a second kernel merges
+// them by log-sum-exp; with one split the block applies the sink and writes bf16 directly.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "kernels/sparse_mla/sparse_mla_device.cuh"
+#include "kernels/sparse_mla/sparse_mla_kernels.h"
+
+namespace dsv4::kernels::sparse_mla {
+namespace {
+
+using namespace device;  // NOLINT(build/namespaces): kernel-local helpers
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kStages = 3;
+constexpr int kKbStride = 2 * kKvDim + 16;  // bytes per bf16 row; +16 B keeps ldmatrix conflict-free
+constexpr int kDataChunks = kRowDataBytes / 16;  // 36 cp.async chunks of 16 B, then one of 8 B (scales)
+constexpr int kE4m3Chunks = kNopeDim / 16;       // 28 chunks of 16 e4m3 dims; the other 8 hold rope bf16
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kMTiles, int kTileRows>
+struct MmaConfig {
+  static constexpr int kHeads = 16 * kMTiles;
+  // Phase 1 split of the score product over warps.
+  static constexpr int kWarpM = kMTiles >= 2 ? 2 : 1;
+  static constexpr int kQkHeadGroups = kMTiles / kWarpM;
+  static constexpr int kDimGroups = kWarps / kQkHeadGroups;
+  static constexpr int kQkDims = kKvDim / kDimGroups;
+  static constexpr int kQkKSteps = kQkDims / 16;
+  static constexpr int kNTiles = kTileRows / 8;
+  // Phase 2: consecutive threads share a head.
+  static constexpr int kThreadsPerHead = kThreads / kHeads;
+  static constexpr int kRowsPerThread = kTileRows / kThreadsPerHead;
+  // Shared memory: raw stages [rows x 576 data][rows x 8 scales][rows x int valid], two bf16 tiles, the
+  // partial scores [kDimGroups][G][rows + 4] f32, P [G][rows + 8] bf16, per-head alpha / max / sum.
+  static constexpr int kRawData = kTileRows * kRowDataBytes;
+  static constexpr int kRawScales = kTileRows * kRowScaleBytes;
+  static constexpr int kRawStage = kRawData + kRawScales + kTileRows * 4;
+  static constexpr int kKbBytes = kTileRows * kKbStride;
+  static constexpr int kSpartStride = kTileRows + 4;
+  static constexpr int kPStride = kTileRows + 8;
+  static constexpr int kOffKb = kStages * kRawStage;
+  static constexpr int kOffSpart = kOffKb + 2 * kKbBytes;
+  static constexpr int kOffP = kOffSpart + kDimGroups * kHeads * kSpartStride * 4;
+  static constexpr int kOffAlpha = kOffP + kHeads * kPStride * 2;
+  static constexpr int kOffStatM = kOffAlpha + kHeads * 4;
+  static constexpr int kOffStatL = kOffStatM + kHeads * 4;
+  static constexpr int kSmemBytes = kOffStatL + kHeads * 4;
+
+  static_assert(kTileRows % 16 == 0 && kThreads % kTileRows == 0, "tile rows");
+  static_assert(kRowsPerThread >= 1 && kThreadsPerHead <= 32, "softmax mapping");
+  static_assert(kRawStage % 16 == 0 && kOffSpart % 16 == 0 && kOffP % 16 == 0 && kOffAlpha % 16 == 0,
+                "16-byte alignment of shared regions");
+};
+
+// Per-block work range: the sequence's used entries (window then extra) cut into tiles, split evenly.
+struct BlockRange {
+  int ew;          // used window entries (positions [0, ew) are window, [ew, n) extra)
+  int n;           // used entries in all
+  int tile_begin;  // first tile of this split
+  int num_tiles;   // tiles of this split (may be 0)
+};
+template <int kTileRows>
+__device__ __forceinline__ BlockRange MakeRange(const SparseMlaParams& p, int b, int split, int num_splits) {
+  BlockRange r;
+  r.ew = UsedEntries(p.window.topk, p.window.lengths, b);
+  r.n = r.ew + UsedEntries(p.extra.topk, p.extra.lengths, b);
+  const int total = (r.n + kTileRows - 1) / kTileRows;
+  const int per_split = (total + num_splits - 1) / num_splits;
+  r.tile_begin = split * per_split;
+  r.num_tiles = max(0, min(total, r.tile_begin + per_split) - r.tile_begin);
+  return r;
+}
+
+template <int kMTiles, int kTileRows>
+__global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMlaParams p, float scale_log2) {
+  using C = MmaConfig<kMTiles, kTileRows>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, split = blockIdx.y, num_splits = gridDim.y;
+  const int H = p.num_heads, head0 = blockIdx.x * C::kHeads;
+  const BlockRange range = MakeRange<kTileRows>(p, b, split, num_splits);
+
+  // ---- Q as A fragments, loaded once: warp owns m-tiles [qk_hq * kWarpM, +kWarpM) x its dim group ----
+  const int qk_hq = warp % C::kQkHeadGroups, qk_dg = warp / C::kQkHeadGroups;
+  uint32_t qa[C::kWarpM][C::kQkKSteps][4];
+  {
+    const uint32_t* q32 = reinterpret_cast<const uint32_t*>(p.q);
+#pragma unroll
+    for (int mi = 0; mi < C::kWarpM; ++mi) {
+      const int h = head0 + 16 * (C::kWarpM * qk_hq + mi) + g;
+      const int64_t lo = (static_cast<int64_t>(b) * H + h) * (kKvDim / 2);
+      const int64_t hi = lo + 8 * (kKvDim / 2);
+#pragma unroll
+      for (int ks = 0; ks < C::kQkKSteps; ++ks) {
+        const int d2 = (qk_dg * C::kQkDims + 16 * ks + 2 * t4) / 2;
+        qa[mi][ks][0] = __ldg(q32 + lo + d2);
+        qa[mi][ks][1] = __ldg(q32 + hi + d2);
+        qa[mi][ks][2] = __ldg(q32 + lo + d2 + 4);
+        qa[mi][ks][3] = __ldg(q32 + hi + d2 + 4);
+      }
+    }
+  }
+
+  // ---- load stage: gather one tile of rows (576 data + 8 scale bytes each) with cp.async ----
+  auto load_tile = [&](int tile, int stage) {
+    constexpr int kThreadsPerRow = kThreads / kTileRows;
+    const int row = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
+    const int pos = (range.tile_begin + tile) * kTileRows + row;
+    const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
+    RowAddress addr{dummy, dummy};
+    const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
+    uint8_t* st = smem + stage * C::kRawStage;
+    const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
+    for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
+      if (part < kDataChunks) {
+        CpAsync16(dst + part * 16, addr.data + (valid ? part * 16 : 0), valid);
+      } else {
+        CpAsync8(SmemAddr(st + C::kRawData + row * kRowScaleBytes), addr.scales, valid);
+      }
+    }
+    if (sub == 0) reinterpret_cast<int*>(st + C::kRawData + C::kRawScales)[row] = valid;
+  };
+
+  // ---- dequant stage: raw tile -> bf16 [rows][512] (invalid rows were zero-filled, so they give 0) ----
+  auto dequant_tile = [&](int stage, int kbuf) {
+    const uint8_t* st = smem + stage * C::kRawStage;
+    uint8_t* kb = smem + C::kOffKb + kbuf * C::kKbBytes;
+    for (int c = tid; c < kTileRows * kDataChunks; c += kThreads) {
+      const int row = c / kDataChunks, part = c - row * kDataChunks;
+      const uint4 v = *reinterpret_cast<const uint4*>(st + row * kRowDataBytes + part * 16);
+      if (part < kE4m3Chunks) {
+        const float scale = Ue8m0ToF32(st[C::kRawData + row * kRowScaleBytes + part / 4]);
+        uint4 lo, hi;
+        DequantE4m3x4(v.x, scale, lo.x, lo.y);
+        DequantE4m3x4(v.y, scale, lo.z, lo.w);
+        DequantE4m3x4(v.z, scale, hi.x, hi.y);
+        DequantE4m3x4(v.w, scale, hi.z, hi.w);
+        uint4* dst = reinterpret_cast<uint4*>(kb + row * kKbStride + part * 32);
+        dst[0] = lo;
+        dst[1] = hi;
+      } else {
+        *reinterpret_cast<uint4*>(kb + row * kKbStride + 2 * kNopeDim + (part - kE4m3Chunks) * 16) = v;
+      }
+    }
+  };
+
+  // ---- phase 1: partial scores of this warp's heads over its dims -> shared memory ----
+  auto qk_tile = [&](int kbuf) {
+    const uint32_t kb_lane = SmemAddr(smem + C::kOffKb + kbuf * C::kKbBytes) +
+                             ((lane & 7) + ((lane >> 4) << 3)) * kKbStride +
+                             (qk_dg * C::kQkDims + ((lane >> 3) & 1) * 8) * 2;
+    float* sp = reinterpret_cast<float*>(smem + C::kOffSpart) + qk_dg * C::kHeads * C::kSpartStride;
+    // 16 rows at a time keeps the accumulators to 16 registers (the O accumulators hold 128).
+#pragma unroll
+    for (int np = 0; np < C::kNTiles / 2; ++np) {
+      float acc[C::kWarpM][2][4];
+#pragma unroll
+      for (int mi = 0; mi < C::kWarpM; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 2; ++ni) acc[mi][ni][0] = acc[mi][ni][1] = acc[mi][ni][2] = acc[mi][ni][3] = 0.f;
+#pragma unroll
+      for (int ks = 0; ks < C::kQkKSteps; ++ks) {
+        uint32_t r0, r1, r2, r3;
+        Ldsm4(kb_lane + np * 16 * kKbStride + ks * 32, r0, r1, r2, r3);
+#pragma unroll
+        for (int mi = 0; mi < C::kWarpM; ++mi) {
+          Mma16816(acc[mi][0], qa[mi][ks], r0, r1);
+          Mma16816(acc[mi][1], qa[mi][ks], r2, r3);
+        }
+      }
+#pragma unroll
+      for (int mi = 0; mi < C::kWarpM; ++mi) {
+        const int hl = 16 * (C::kWarpM * qk_hq + mi) + g;
+#pragma unroll
+        for (int ni = 0; ni < 2; ++ni) {
+          const int col = 16 * np + 8 * ni + 2 * t4;
+          *reinterpret_cast<float2*>(sp + hl * C::kSpartStride + col) = make_float2(acc[mi][ni][0], acc[mi][ni][1]);
+          *reinterpret_cast<float2*>(sp + (hl + 8) * C::kSpartStride + col) =
+              make_float2(acc[mi][ni][2], acc[mi][ni][3]);
+        }
+      }
+    }
+  };
+
+  // ---- phase 2: online softmax (base 2) of one head's rows over kThreadsPerHead consecutive lanes ----
+  const int sm_head = tid / C::kThreadsPerHead, sm_sub = tid % C::kThreadsPerHead;
+  const int sm_row0 = sm_sub * C::kRowsPerThread;
+  float run_max = -INFINITY, run_sum = 0.f;
+  float* alpha_s = reinterpret_cast<float*>(smem + C::kOffAlpha);
+  auto softmax_tile = [&](int stage) {
+    const float* sp = reinterpret_cast<const float*>(smem + C::kOffSpart);
+    const int* valid = reinterpret_cast<const int*>(smem + stage * C::kRawStage + C::kRawData + C::kRawScales);
+    float sv[C::kRowsPerThread];
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < C::kRowsPerThread; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int dg = 0; dg < C::kDimGroups; ++dg) s += sp[(dg * C::kHeads + sm_head) * C::kSpartStride + sm_row0 + i];
+      sv[i] = valid[sm_row0 + i] ? s * scale_log2 : -INFINITY;
+      tmax = fmaxf(tmax, sv[i]);
+    }
+#pragma unroll
+    for (int off = C::kThreadsPerHead / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(~0u, tmax, off));
+    const float new_max = fmaxf(run_max, tmax);
+    const float base = new_max == -INFINITY ? 0.f : new_max;  // no valid row yet: keep everything at 0
+    const float alpha = exp2f(run_max - base);
+    __nv_bfloat16* prow = reinterpret_cast<__nv_bfloat16*>(smem + C::kOffP) + sm_head * C::kPStride + sm_row0;
+    float tsum = 0.f;
+#pragma unroll
+    for (int i = 0; i < C::kRowsPerThread; ++i) {
+      const __nv_bfloat16 pb = __float2bfloat16_rn(exp2f(sv[i] - base));
+      prow[i] = pb;
+      tsum += __bfloat162float(pb);  // the sum uses the weights the PV product will use
+    }
+#pragma unroll
+    for (int off = C::kThreadsPerHead / 2; off > 0; off >>= 1) tsum += __shfl_xor_sync(~0u, tsum, off);
+    run_sum = run_sum * alpha + tsum;
+    run_max = new_max;
+    if (sm_sub == 0) alpha_s[sm_head] = alpha;
+  };
+
+  // ---- phase 3: O = alpha * O + P V over this warp's 64 dims ----
+  float o[kMTiles][8][4];
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi)
+#pragma unroll
+    for (int nj = 0; nj < 8; ++nj) o[mi][nj][0] = o[mi][nj][1] = o[mi][nj][2] = o[mi][nj][3] = 0.f;
+  auto pv_tile = [&](int kbuf) {
+#pragma unroll
+    for (int mi = 0; mi < kMTiles; ++mi) {
+      const float a_lo = alpha_s[16 * mi + g], a_hi = alpha_s[16 * mi + g + 8];
+#pragma unroll
+      for (int nj = 0; nj < 8; ++nj) {
+        o[mi][nj][0] *= a_lo;
+        o[mi][nj][1] *= a_lo;
+        o[mi][nj][2] *= a_hi;
+        o[mi][nj][3] *= a_hi;
+      }
+    }
+    const int ld_row = (lane & 7) + ((lane >> 3) & 1) * 8, ld_col = (lane >> 4) * 8;
+    const uint32_t p_lane = SmemAddr(smem + C::kOffP) + (ld_row * C::kPStride + ld_col) * 2;
+    const uint32_t v_lane =
+        SmemAddr(smem + C::kOffKb + kbuf * C::kKbBytes) + ld_row * kKbStride + (warp * 64 + ld_col) * 2;
+#pragma unroll
+    for (int kr = 0; kr < kTileRows / 16; ++kr) {
+      uint32_t pa[kMTiles][4];
+#pragma unroll
+      for (int mi = 0; mi < kMTiles; ++mi) {
+        Ldsm4(p_lane + (16 * mi * C::kPStride + 16 * kr) * 2, pa[mi][0], pa[mi][1], pa[mi][2], pa[mi][3]);
+      }
+#pragma unroll
+      for (int njp = 0; njp < 4; ++njp) {
+        uint32_t v0, v1, v2, v3;
+        Ldsm4T(v_lane + 16 * kr * kKbStride + njp * 32, v0, v1, v2, v3);
+#pragma unroll
+        for (int mi = 0; mi < kMTiles; ++mi) {
+          Mma16816(o[mi][2 * njp], pa[mi], v0, v1);
+          Mma16816(o[mi][2 * njp + 1], pa[mi], v2, v3);
+        }
+      }
+    }
+  };
+
+  // ---- pipeline: tile t+1 lands while t is scored; t+1 is dequantised during t's PV ----
+  if (range.num_tiles > 0) load_tile(0, 0);
+  CpAsyncCommit();
+  if (range.num_tiles > 1) load_tile(1, 1);
+  CpAsyncCommit();
+  CpAsyncWait<1>();
+  __syncthreads();
+  if (range.num_tiles > 0) dequant_tile(0, 0);
+  if (range.num_tiles > 2) load_tile(2, 2);
+  CpAsyncCommit();
+  __syncthreads();
+  for (int t = 0; t < range.num_tiles; ++t) {
+    qk_tile(t & 1);
+    __syncthreads();
+    softmax_tile(t % kStages);
+    CpAsyncWait<1>();  // tile t+1 (group t+1) has landed for this thread's copies
+    __syncthreads();
+    pv_tile(t & 1);
+    if (t + 1 < range.num_tiles) dequant_tile((t + 1) % kStages, (t + 1) & 1);
+    if (t + 3 < range.num_tiles) load_tile(t + 3, t % kStages);
+    CpAsyncCommit();
+    __syncthreads();
+  }
+
+  // ---- epilogue: per-head max / sum to every warp, then normalise and store ----
+  float* stat_m = reinterpret_cast<float*>(smem + C::kOffStatM);
+  float* stat_l = reinterpret_cast<float*>(smem + C::kOffStatL);
+  if (sm_sub == 0) {
+    stat_m[sm_head] = run_max;
+    stat_l[sm_head] = run_sum;
+  }
+  __syncthreads();
+  const bool direct = num_splits == 1;
+  float* ws_o = static_cast<float*>(p.workspace);
+  float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * H * num_splits * kKvDim;
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int hl = 16 * mi + g + 8 * half, h = head0 + hl;
+      const float l = stat_l[hl];
+      float factor = 0.f;  // no valid key: zeros
+      if (l != 0.f) {
+        factor = 1.f / l;
+        if (direct && p.attn_sink != nullptr) {
+          const float lse = (stat_m[hl] + log2f(l)) * kLn2;
+          factor /= 1.f + expf(__ldg(p.attn_sink + h) - lse);
+        }
+      }
+      const int64_t bh = static_cast<int64_t>(b) * H + h;
+      if (direct) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(p.out) + (bh * kKvDim + warp * 64 + 2 * t4) / 2;
+#pragma unroll
+        for (int nj = 0; nj < 8; ++nj) {
+          dst[nj * 4] = PackBf16x2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
+        }
+      } else {
+        float* dst = ws_o + (bh * num_splits + split) * kKvDim + warp * 64 + 2 * t4;
+#pragma unroll
+        for (int nj = 0; nj < 8; ++nj) {
+          *reinterpret_cast<float2*>(dst + nj * 8) =
+              make_float2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
+        }
+      }
+    }
+  }
+  if (tid < C::kHeads) {
+    const float l = stat_l[tid];
+    const int64_t bh = static_cast<int64_t>(b) * H + head0 + tid;
+    const float lse = (stat_m[tid] + log2f(l)) * kLn2;
+    if (direct) {
+      p.lse[bh] = l == 0.f ? INFINITY : lse;
+    } else {
+      ws_lse[bh * num_splits + split] = l == 0.f ? -INFINITY : lse;
+    }
+  }
+}
+
+// Merges the splits of one (sequence, head) per warp: lse = log sum_s e^{lse_s}, out = sum_s e^{lse_s - lse}
+// o_s, then the sink factor; lane l owns dims 4l + 128i.
+__global__ void __launch_bounds__(256) SparseMlaCombineKernel(const SparseMlaParams p, int num_splits) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t bh = static_cast<int64_t>(blockIdx.x) * 8 + warp;
+  if (bh >= static_cast<int64_t>(p.batch) * p.num_heads) return;
+  const int h = static_cast<int>(bh % p.num_heads);
+  const float* ws_o = static_cast<const float*>(p.workspace);
+  const float* lse_s = ws_o + static_cast<int64_t>(p.batch) * p.num_heads * num_splits * kKvDim + bh * num_splits;
+  float mx = -INFINITY;
+  for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse_s[s]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, off));
+  uint2* out = reinterpret_cast<uint2*>(p.out + bh * kKvDim);
+  if (mx == -INFINITY) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[lane + 32 * i] = make_uint2(0u, 0u);
+    if (lane == 0) p.lse[bh] = INFINITY;
+    return;
+  }
+  float sum = 0.f;
+  for (int s = lane; s < num_splits; s += 32) sum += expf(lse_s[s] - mx);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(~0u, sum, off);
+  const float lse = mx + logf(sum);
+  const float factor = p.attn_sink ? 1.f / (1.f + expf(__ldg(p.attn_sink + h) - lse)) : 1.f;
+  float4 acc[4] = {};
+  for (int s = 0; s < num_splits; ++s) {
+    const float w = expf(lse_s[s] - lse) * factor;
+    if (w == 0.f) continue;  // empty split (lse -inf) or negligible
+    const float4* src = reinterpret_cast<const float4*>(ws_o + (bh * num_splits + s) * kKvDim);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 v = src[lane + 32 * i];
+      acc[i].x += w * v.x;
+      acc[i].y += w * v.y;
+      acc[i].z += w * v.z;
+      acc[i].w += w * v.w;
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) out[lane + 32 * i] = make_uint2(PackBf16x2(acc[i].x, acc[i].y), PackBf16x2(acc[i].z, acc[i].w));
+  if (lane == 0) p.lse[bh] = lse;
+}
+
+template <int kMTiles, int kTileRows>
+cudaError_t LaunchMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
+  using C = MmaConfig<kMTiles, kTileRows>;
+  const dim3 grid(p.num_heads / C::kHeads, num_splits, p.batch);
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  SparseMlaMmaKernel<kMTiles, kTileRows><<<grid, kThreads, C::kSmemBytes, stream>>>(p, scale_log2);
+  return cudaGetLastError();
+}
+
+template <int kMTiles, int kTileRows>
+cudaError_t Prepare() {
+  return cudaFuncSetAttribute(SparseMlaMmaKernel<kMTiles, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              MmaConfig<kMTiles, kTileRows>::kSmemBytes);
+}
+
+template <int kValue>
+using IntC = std::integral_constant<int, kValue>;
+
+// Calls fn(IntC<kMTiles>, IntC<kTileRows>) for the supported configurations (6 instantiations); an
+// unsupported pair returns a value-initialised result (0 / cudaSuccess: callers check MmaSmemBytes first).
+template <typename Fn>
+auto Dispatch(int m_tiles, int tile_rows, Fn&& fn) -> decltype(fn(IntC<4>{}, IntC<32>{})) {
+  if (tile_rows == 32) {
+    if (m_tiles == 4) return fn(IntC<4>{}, IntC<32>{});
+    if (m_tiles == 2) return fn(IntC<2>{}, IntC<32>{});
+    if (m_tiles == 1) return fn(IntC<1>{}, IntC<32>{});
+  } else if (tile_rows == 16) {
+    if (m_tiles == 4) return fn(IntC<4>{}, IntC<16>{});
+    if (m_tiles == 2) return fn(IntC<2>{}, IntC<16>{});
+    if (m_tiles == 1) return fn(IntC<1>{}, IntC<16>{});
+  }
+  return decltype(fn(IntC<4>{}, IntC<32>{})){};
+}
+
+}  // namespace
+
+namespace internal {
+
+int MmaSmemBytes(int m_tiles, int tile_rows) {
+  return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return MmaConfig<m.value, n.value>::kSmemBytes; });
+}
+
+cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows) {
+  if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
+  return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return Prepare<m.value, n.value>(); });
+}
+
+size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 1) * sizeof(float);
+}
+
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, int m_tiles, int tile_rows, int num_splits,
+                            cudaStream_t stream) {
+  if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
+  cudaError_t err =
+      Dispatch(m_tiles, tile_rows, [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, num_splits, stream); });
+  if (err != cudaSuccess || num_splits == 1) return err;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
+  SparseMlaCombineKernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(p, num_splits);
+  return cudaGetLastError();
+}
+
+}  // namespace internal
+}  // namespace dsv4::kernels::sparse_mla

@@ -1,0 +1,306 @@
+// The CUDA sparse-MLA kernels (MMA and SIMT) against the float64 reference on fresh random inputs: batch
+// 1..128, top-k 128..640, H 16..128, with and without lengths, -1 holes, ids past the pool, rows with no
+// valid key, extreme magnitudes, 16- and 32-row tiles, forced splits. Outputs are poisoned (NaN) before each
+// run, so an unwritten element fails. Also: graph capture, determinism, launch-time validation.
+// Tests whose names contain "Gpu" carry the ctest label gpu and skip with a message where no GPU is.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/sparse_mla/sparse_mla_launch.h"
+#include "tests/sparse_mla/sparse_mla_test_util.h"
+
+namespace dsv4::kernels::sparse_mla {
+namespace {
+
+using testing::Compare;
+using testing::ErrorReport;
+using testing::HostProblem;
+using testing::MakeProblem;
+using testing::ProblemSpec;
+
+bool HaveGpu(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    *why = std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
+    return false;
+  }
+  if (n == 0) {
+    *why = "no CUDA device present";
+    return false;
+  }
+  return true;
+}
+
+#define SKIP_WITHOUT_GPU()                  \
+  do {                                      \
+    std::string why;                        \
+    if (!HaveGpu(&why)) GTEST_SKIP() << why; \
+  } while (0)
+
+struct CudaFree {
+  void operator()(void* p) const { cudaFree(p); }
+};
+using DevicePtr = std::unique_ptr<void, CudaFree>;
+
+DevicePtr Upload(const void* src, size_t bytes) {
+  if (bytes == 0) return nullptr;
+  void* p = nullptr;
+  if (cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+  if (src != nullptr && cudaMemcpy(p, src, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+    cudaFree(p);
+    return nullptr;
+  }
+  return DevicePtr(p);
+}
+template <typename T>
+DevicePtr Upload(const std::vector<T>& v) {
+  return Upload(v.data(), v.size() * sizeof(T));
+}
+
+// A host problem copied to the device, with output, LSE and workspace buffers.
+class DeviceProblem {
+ public:
+  explicit DeviceProblem(const HostProblem& h)
+      : host_(h),
+        q_(Upload(h.q)),
+        cache_w_(Upload(h.cache_window)),
+        cache_e_(Upload(h.cache_extra)),
+        idx_w_(Upload(h.idx_window)),
+        idx_e_(Upload(h.idx_extra)),
+        len_w_(Upload(h.len_window)),
+        len_e_(Upload(h.len_extra)),
+        sink_(Upload(h.sink)),
+        out_(Upload(nullptr, h.q.size() * 2)),
+        lse_(Upload(nullptr, static_cast<size_t>(h.spec.batch) * h.spec.heads * 4)) {}
+
+  bool ok() const { return q_ && out_ && lse_; }
+
+  SparseMlaParams Params() const {
+    SparseMlaParams p = host_.Params(static_cast<uint16_t*>(out_.get()), static_cast<float*>(lse_.get()));
+    p.q = static_cast<const uint16_t*>(q_.get());
+    p.window.cache = static_cast<const uint8_t*>(cache_w_.get());
+    p.window.indices = static_cast<const int32_t*>(idx_w_.get());
+    p.window.lengths = static_cast<const int32_t*>(len_w_.get());
+    p.extra.cache = static_cast<const uint8_t*>(cache_e_.get());
+    p.extra.indices = static_cast<const int32_t*>(idx_e_.get());
+    p.extra.lengths = static_cast<const int32_t*>(len_e_.get());
+    p.attn_sink = static_cast<const float*>(sink_.get());
+    p.workspace = ws_.get();
+    p.workspace_bytes = ws_bytes_;
+    return p;
+  }
+
+  bool EnsureWorkspace(size_t bytes) {
+    if (bytes <= ws_bytes_) return true;
+    ws_ = Upload(nullptr, bytes);
+    ws_bytes_ = ws_ ? bytes : 0;
+    return ws_ != nullptr;
+  }
+
+  // NaN everywhere (0xffff is a bf16 NaN, 0xffffffff an f32 NaN): unwritten elements fail the comparison.
+  bool Poison() {
+    return cudaMemset(out_.get(), 0xff, host_.q.size() * 2) == cudaSuccess &&
+           cudaMemset(lse_.get(), 0xff, static_cast<size_t>(host_.spec.batch) * host_.spec.heads * 4) == cudaSuccess;
+  }
+
+  bool Download(std::vector<uint16_t>& out, std::vector<float>& lse) const {
+    out.resize(host_.q.size());
+    lse.resize(static_cast<size_t>(host_.spec.batch) * host_.spec.heads);
+    return cudaMemcpy(out.data(), out_.get(), out.size() * 2, cudaMemcpyDeviceToHost) == cudaSuccess &&
+           cudaMemcpy(lse.data(), lse_.get(), lse.size() * 4, cudaMemcpyDeviceToHost) == cudaSuccess;
+  }
+
+ private:
+  const HostProblem& host_;
+  DevicePtr q_, cache_w_, cache_e_, idx_w_, idx_e_, len_w_, len_e_, sink_, out_, lse_, ws_;
+  size_t ws_bytes_ = 0;
+};
+
+struct RunOutput {
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  SparseMlaPlan plan;
+};
+
+// Plans, poisons, launches on the default stream, synchronises, downloads.
+absl::StatusOr<RunOutput> RunKernel(DeviceProblem& dev, const ProblemSpec& s, SparseMlaKernel kernel,
+                                    const SparseMlaPlanOptions& options) {
+  RunOutput r;
+  auto plan = MakeSparseMlaPlan(kernel, s.batch, s.heads, s.topk_window + s.topk_extra, options);
+  if (!plan.ok()) return plan.status();
+  r.plan = *plan;
+  if (!dev.EnsureWorkspace(r.plan.workspace_bytes) || !dev.Poison()) return absl::InternalError("cuda alloc/memset");
+  if (absl::Status st = LaunchSparseMlaDecode(dev.Params(), r.plan, nullptr); !st.ok()) return st;
+  if (cudaError_t err = cudaDeviceSynchronize(); err != cudaSuccess) {
+    return absl::InternalError(std::string("kernel failed: ") + cudaGetErrorString(err));
+  }
+  if (!dev.Download(r.out, r.lse)) return absl::InternalError("download");
+  return r;
+}
+
+struct GpuCase {
+  ProblemSpec spec;
+  SparseMlaPlanOptions options;
+};
+
+class GpuSparseMla : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(GpuSparseMla, MatchesReference) {
+  SKIP_WITHOUT_GPU();
+  const ProblemSpec& s = GetParam().spec;
+  const HostProblem host = MakeProblem(s);
+  std::vector<uint16_t> host_out(host.q.size());
+  std::vector<float> host_lse(static_cast<size_t>(s.batch) * s.heads);
+  auto ref = testing::ParallelReference(host.Params(host_out.data(), host_lse.data()));
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  DeviceProblem dev(host);
+  ASSERT_TRUE(dev.ok());
+  for (const SparseMlaKernel kernel : {SparseMlaKernel::kMma, SparseMlaKernel::kSimt}) {
+    const bool mma = kernel == SparseMlaKernel::kMma;
+    auto run = RunKernel(dev, s, kernel, GetParam().options);
+    ASSERT_TRUE(run.ok()) << run.status();
+    const ErrorReport vs_bf16 = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/true);
+    const ErrorReport vs_exact = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/false);
+    std::printf("[%s] %s tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n  vs exact reference:       %s\n",
+                mma ? "mma " : "simt", s.Name().c_str(), run->plan.tile_rows, run->plan.num_splits,
+                vs_bf16.ToString().c_str(), vs_exact.ToString().c_str());
+    const double tol = mma ? 1e-2 : 1e-4;
+    EXPECT_EQ(vs_bf16.nan_count, 0);
+    EXPECT_EQ(vs_bf16.empty_bad, 0);
+    EXPECT_LE(vs_bf16.rel_global, tol);
+    EXPECT_LE(vs_bf16.rel_worst_seq, 3 * tol);  // no sequence hides under the others' norm
+    EXPECT_LE(vs_bf16.lse_max_abs, mma ? 1e-3 : 1e-4);
+    if (mma) {
+      // Same inputs, same launch: bit-identical results (a moving result would be a race).
+      auto again = RunKernel(dev, s, kernel, GetParam().options);
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_TRUE(again->out == run->out) << "MMA output changed between identical runs";
+      EXPECT_EQ(std::memcmp(again->lse.data(), run->lse.data(), run->lse.size() * 4), 0);
+    }
+  }
+}
+
+GpuCase Case(ProblemSpec s, SparseMlaPlanOptions o = {}) { return GpuCase{s, o}; }
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, GpuSparseMla,
+    ::testing::Values(
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 101}),
+        Case({.batch = 3, .heads = 16, .topk_window = 128, .topk_extra = 0, .lengths = true, .holes = 0.1, .seed = 102}),
+        Case({.batch = 4, .heads = 128, .topk_window = 128, .topk_extra = 256, .lengths = true, .holes = 0.1,
+              .extreme = true, .seed = 103}),
+        Case({.batch = 16, .heads = 64, .topk_window = 64, .topk_extra = 448, .page_rows_window = 256,
+              .page_rows_extra = 2, .holes = 0.1, .empty_every = 5, .extreme = true, .seed = 104}),
+        Case({.batch = 32, .heads = 16, .topk_window = 128, .topk_extra = 512, .lengths = true, .holes = 0.1,
+              .seed = 105}),
+        Case({.batch = 64, .heads = 64, .topk_window = 128, .topk_extra = 256, .extreme = true, .sink = false,
+              .seed = 106}),
+        Case({.batch = 128, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 107}),
+        Case({.batch = 128, .heads = 128, .topk_window = 64, .topk_extra = 448, .lengths = true, .holes = 0.1,
+              .empty_every = 7, .seed = 108}),
+        Case({.batch = 3, .heads = 32, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 109}),
+        Case({.batch = 64, .heads = 128, .topk_window = 128, .topk_extra = 0, .lengths = true, .seed = 110}),
+        Case({.batch = 16, .heads = 32, .topk_window = 128, .topk_extra = 384, .lengths = true, .seed = 111},
+             {.tile_rows = 16}),
+        Case({.batch = 4, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 112},
+             {.tile_rows = 16, .num_splits = 3}),
+        Case({.batch = 128, .heads = 64, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 113},
+             {.num_splits = 2}),
+        Case({.batch = 1, .heads = 16, .topk_window = 128, .topk_extra = 256, .holes = 0.1, .extreme = true,
+              .seed = 114},
+             {.tile_rows = 16}),
+        Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 115}),
+        Case({.batch = 4, .heads = 64, .topk_window = 5, .topk_extra = 7, .page_rows_window = 1, .seed = 116})),
+    [](const ::testing::TestParamInfo<GpuCase>& info) {
+      std::string name = info.param.spec.Name();
+      if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
+      if (info.param.options.num_splits) name += "_split" + std::to_string(info.param.options.num_splits);
+      return name;
+    });
+
+TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
+  SKIP_WITHOUT_GPU();
+  const ProblemSpec s{.batch = 4, .heads = 64, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 201};
+  const HostProblem host = MakeProblem(s);
+  DeviceProblem dev(host);
+  ASSERT_TRUE(dev.ok());
+  auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, {});
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  ASSERT_GT(direct->plan.num_splits, 1) << "the graph should hold the split and combine kernels";
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  ASSERT_TRUE(dev.Poison());
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+  const absl::Status launched = LaunchSparseMlaDecode(dev.Params(), direct->plan, stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_TRUE(launched.ok()) << launched;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  std::vector<uint16_t> out;
+  std::vector<float> lse;
+  ASSERT_TRUE(dev.Download(out, lse));
+  EXPECT_TRUE(out == direct->out);
+  EXPECT_EQ(std::memcmp(lse.data(), direct->lse.data(), lse.size() * 4), 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
+  SKIP_WITHOUT_GPU();
+  const ProblemSpec s{.batch = 4, .heads = 64, .topk_window = 16, .topk_extra = 16, .seed = 301};
+  const HostProblem host = MakeProblem(s);
+  DeviceProblem dev(host);
+  ASSERT_TRUE(dev.ok());
+  auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.num_splits = 2});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_TRUE(dev.EnsureWorkspace(plan->workspace_bytes));
+  ASSERT_TRUE(LaunchSparseMlaDecode(dev.Params(), *plan, nullptr).ok());
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  auto expect_invalid = [&](SparseMlaParams p, const char* what) {
+    const absl::Status st = LaunchSparseMlaDecode(p, *plan, nullptr);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << what << ": " << st;
+    EXPECT_NE(st.message().find(what), std::string::npos) << st.message();
+  };
+  SparseMlaParams p = dev.Params();
+  p.num_heads = 16;
+  expect_invalid(p, "num_heads");
+  p = dev.Params();
+  p.batch = 5;
+  expect_invalid(p, "batch");
+  p = dev.Params();
+  p.workspace = nullptr;
+  expect_invalid(p, "workspace");
+  p = dev.Params();
+  p.extra.cache += 8;
+  expect_invalid(p, "aligned");
+  p = dev.Params();
+  p.num_heads = 48;
+  expect_invalid(p, "num_heads");
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.tile_rows = 24}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SparseMlaLaunch, ParsesKernelNames) {
+  EXPECT_EQ(*ParseSparseMlaKernel("mma"), SparseMlaKernel::kMma);
+  EXPECT_EQ(*ParseSparseMlaKernel("simt"), SparseMlaKernel::kSimt);
+  const absl::Status st = ParseSparseMlaKernel("fast").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("mma, simt"), std::string::npos);
+  EXPECT_EQ(SparseMlaKernelName(SparseMlaKernel::kSimt), "simt");
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kSimt, 8, 48, 640).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dsv4::kernels::sparse_mla
