@@ -1,0 +1,314 @@
+// Coordinator behaviour against in-process fake worker groups (fake_worker.h): streaming, validation,
+// load-aware routing, saturation, failover stitching, cancellation, drain. Each test runs in well under a
+// second; the real-process tests (real workers, kill -9) are in real_process_test.cc.
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/server.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/coordinator/fake_worker.h"
+#include "tests/coordinator/test_client.h"
+
+namespace dsv4::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void StartWorkers(const std::vector<FakeWorkerOptions>& options) {
+    for (const FakeWorkerOptions& o : options) workers_.push_back(std::make_unique<FakeWorker>(o));
+  }
+  void StartCoordinator(int max_attempts = 4, int expect_ready = -1) {
+    coordinator::CoordinatorOptions o;
+    o.listen = "127.0.0.1:0";
+    for (const auto& w : workers_) o.workers.push_back(w->address());
+    o.poll_interval = absl::Milliseconds(20);
+    o.max_attempts = max_attempts;
+    o.route_seed = 7;
+    absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> s = coordinator::CoordinatorServer::Start(o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    server_ = *std::move(s);
+    const int want = expect_ready >= 0 ? expect_ready : static_cast<int>(workers_.size());
+    ASSERT_TRUE(server_->pool().WaitForReady(want, absl::Seconds(5)));
+    address_ = absl::StrCat("127.0.0.1:", server_->port());
+    stub_ = CoordinatorStub(address_);
+  }
+  // Waits until every group's polled load reflects what the fakes now report.
+  void WaitPolls() { absl::SleepFor(absl::Milliseconds(80)); }
+
+  std::vector<std::unique_ptr<FakeWorker>> workers_;
+  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  std::string address_;
+  std::unique_ptr<dsv4::v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(CoordinatorTest, StreamsTheWorkersTokensWithUsage) {
+  StartWorkers({{}, {}});
+  StartCoordinator();
+  const std::vector<int32_t> prompt = {5, 17, 300, 42};
+  StreamResult r = RunGenerate(*stub_, MakeRequest(prompt, 12));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration(prompt, 12, false, 0, 1000));
+  EXPECT_EQ(r.finish_chunks, 1);
+  EXPECT_EQ(r.last.finish_reason(), dsv4::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.last.usage().prompt_tokens(), 4);
+  EXPECT_EQ(r.last.usage().completion_tokens(), 12);
+  EXPECT_GT(r.last.usage().time_to_first_token_s(), 0.0);
+  EXPECT_FALSE(r.last.request_id().empty());
+}
+
+TEST_F(CoordinatorTest, StopTokenEndsTheStream) {
+  StartWorkers({{}});
+  StartCoordinator();
+  const std::vector<int32_t> prompt = {9, 8, 7};
+  const std::vector<int32_t> full = FakeGeneration(prompt, 20, false, 0, 1000);
+  dsv4::v1::GenerateRequest req = MakeRequest(prompt, 20);
+  req.mutable_sampling()->add_stop_token_ids(full[4]);
+  const size_t first = std::find(full.begin(), full.end(), full[4]) - full.begin();
+  StreamResult r = RunGenerate(*stub_, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.last.finish_reason(), dsv4::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(full.begin(), full.begin() + first + 1));
+}
+
+TEST_F(CoordinatorTest, InvalidRequestsAreRejectedBeforeRouting) {
+  StartWorkers({{}});
+  StartCoordinator();
+  StreamResult r = RunGenerate(*stub_, MakeRequest({1, 1000}, 4));  // vocab 1000
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("prompt_token_ids[1] = 1000"));
+  r = RunGenerate(*stub_, MakeRequest({}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("prompt_token_ids"));
+  r = RunGenerate(*stub_, MakeRequest({3}, 4096));  // 1 + 4096 > max_context 4096
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("max context 4096"));
+  r = RunGenerate(*stub_, MakeRequest({3}, 4, -1.0f));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("sampling.temperature"));
+  dsv4::v1::GenerateRequest resumed = MakeRequest({3, 4, 5}, 4);
+  resumed.set_resume_generated(1);
+  r = RunGenerate(*stub_, resumed);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("resume_generated"));
+  EXPECT_EQ(workers_[0]->generate_calls(), 0);
+}
+
+TEST_F(CoordinatorTest, ModelInfoComesFromTheGroups) {
+  StartWorkers({{}, {}});
+  StartCoordinator();
+  grpc::ClientContext ctx;
+  dsv4::v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.vocab_size(), 1000);
+  EXPECT_EQ(info.max_context(), 4096);
+  EXPECT_EQ(info.eos_token_id(), 1);
+  EXPECT_EQ(info.ready_groups(), 2);
+  EXPECT_EQ(info.total_groups(), 2);
+  EXPECT_EQ(HealthStatus(address_), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
+TEST_F(CoordinatorTest, NoReadyGroupIsUnavailable) {
+  StartWorkers({{}});
+  const std::string dead = workers_[0]->address();
+  workers_[0]->Kill();
+  StartCoordinator(4, /*expect_ready=*/0);
+  StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("no worker group is ready"));
+  grpc::ClientContext ctx;
+  dsv4::v1::GetModelInfoResponse info;
+  EXPECT_EQ(stub_->GetModelInfo(&ctx, {}, &info).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(CoordinatorTest, RoutesToTheLessLoadedGroup) {
+  StartWorkers({{}, {}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  busy.set_kv_usage_ratio(0.9);
+  workers_[0]->SetLoad(busy);
+  StartCoordinator();
+  WaitPolls();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(RunGenerate(*stub_, MakeRequest({3, 4, i}, 2)).status.ok());
+  EXPECT_EQ(workers_[0]->generate_calls(), 0);
+  EXPECT_EQ(workers_[1]->generate_calls(), 10);
+}
+
+TEST_F(CoordinatorTest, SpreadsABurstOverEqualGroups) {
+  StartWorkers({{.step = absl::Milliseconds(5)}, {.step = absl::Milliseconds(5)}});
+  StartCoordinator();
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 24; ++i) {
+    clients.emplace_back([&, i] { EXPECT_TRUE(RunGenerate(*stub_, MakeRequest({3, i}, 10)).status.ok()); });
+  }
+  for (auto& t : clients) t.join();
+  // Tokens routed since the last poll count against a group, so a burst does not herd onto one of them.
+  EXPECT_GE(workers_[0]->generate_calls(), 8);
+  EXPECT_GE(workers_[1]->generate_calls(), 8);
+  EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 24);
+}
+
+TEST_F(CoordinatorTest, AllGroupsSaturatedIsResourceExhaustedWithRetryHint) {
+  StartWorkers({{}, {}});
+  dsv4::v1::GetLoadResponse full;
+  full.set_max_batch(4);
+  full.set_running(4);
+  full.set_waiting(8);
+  full.set_max_waiting(8);
+  full.set_recent_step_seconds(0.2);
+  workers_[0]->SetLoad(full);
+  workers_[1]->SetLoad(full);
+  StartCoordinator();
+  WaitPolls();
+  StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("retry after 200 ms"));
+  EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 0);
+}
+
+TEST_F(CoordinatorTest, AWorkerWithAFullQueueIsSkipped) {
+  StartWorkers({{.queue_full = true}, {.queue_full = true}, {}});
+  StartCoordinator();
+  for (int i = 0; i < 6; ++i) {
+    StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4, i}, 3));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, FakeGeneration({3, 4, i}, 3, false, 0, 1000));
+  }
+  EXPECT_EQ(workers_[2]->completed(), 6);
+}
+
+// The group that gets the request dies after `die_after` tokens; the stream must equal an uninterrupted run.
+void ExpectSeamlessFailover(CoordinatorTest* t, std::vector<std::unique_ptr<FakeWorker>>& workers,
+                            dsv4::v1::Coordinator::Stub& stub, dsv4::v1::GenerateRequest req, int die_after) {
+  StreamResult r = RunGenerate(stub, req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const auto& s = req.sampling();
+  const uint64_t seed = s.has_seed() ? s.seed() : r.last.usage().seed();
+  std::vector<int32_t> prompt(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
+  EXPECT_EQ(r.tokens, FakeGeneration(prompt, s.max_new_tokens(), s.temperature() > 0, seed, 1000));
+  EXPECT_EQ(r.finish_chunks, 1);
+  EXPECT_EQ(r.last.finish_reason(), dsv4::v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.last.usage().completion_tokens(), s.max_new_tokens());
+  EXPECT_EQ(r.last.usage().prompt_tokens(), static_cast<int>(prompt.size()));
+  // The survivor got the original prompt plus what the dead group had streamed, marked as resumed.
+  const std::vector<dsv4::v1::GenerateRequest> resumed = workers[1]->requests();
+  ASSERT_EQ(resumed.size(), 1u);
+  const int k = resumed[0].resume_generated();
+  EXPECT_GE(k, 1);
+  EXPECT_LE(k, die_after);
+  ASSERT_EQ(resumed[0].prompt_token_ids_size(), static_cast<int>(prompt.size()) + k);
+  for (int i = 0; i < k; ++i) EXPECT_EQ(resumed[0].prompt_token_ids(prompt.size() + i), r.tokens[i]);
+  EXPECT_EQ(resumed[0].sampling().seed(), seed);
+  EXPECT_EQ(resumed[0].sampling().max_new_tokens(), s.max_new_tokens());
+}
+
+TEST_F(CoordinatorTest, FailoverOfAGreedyRequestIsSeamless) {
+  StartWorkers({{.die_after_tokens = 5}, {}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);  // the first attempt goes to the group that will die
+  workers_[1]->SetLoad(busy);
+  StartCoordinator();
+  WaitPolls();
+  ExpectSeamlessFailover(this, workers_, *stub_, MakeRequest({11, 12, 13}, 16), 5);
+}
+
+TEST_F(CoordinatorTest, FailoverOfASampledRequestKeepsThePinnedSeed) {
+  StartWorkers({{.die_after_tokens = 7}, {}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[1]->SetLoad(busy);
+  StartCoordinator();
+  WaitPolls();
+  // No seed from the client: the coordinator pins one before the first submission and reports it.
+  ExpectSeamlessFailover(this, workers_, *stub_, MakeRequest({21, 22}, 20, 0.8f), 7);
+}
+
+TEST_F(CoordinatorTest, FailoverOfAClientSeededRequest) {
+  StartWorkers({{.die_after_tokens = 3}, {}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[1]->SetLoad(busy);
+  StartCoordinator();
+  WaitPolls();
+  dsv4::v1::GenerateRequest req = MakeRequest({21, 22}, 12, 1.0f);
+  req.mutable_sampling()->set_seed(12345);
+  ExpectSeamlessFailover(this, workers_, *stub_, req, 3);
+}
+
+TEST_F(CoordinatorTest, GivesUpAfterMaxAttempts) {
+  StartWorkers({{.die_after_tokens = 2}, {.die_after_tokens = 2}});
+  StartCoordinator(/*max_attempts=*/2);
+  StreamResult r = RunGenerate(*stub_, MakeRequest({1, 2}, 50));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(r.status.error_message(), HasSubstr("request failed on 2 worker groups"));
+}
+
+TEST_F(CoordinatorTest, ClientCancelCancelsTheWorkerStream) {
+  StartWorkers({{.step = absl::Milliseconds(5)}});
+  StartCoordinator();
+  StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 2000), /*cancel_after=*/3);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::CANCELLED);
+  for (int i = 0; i < 200 && workers_[0]->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(workers_[0]->cancelled(), 1);
+  EXPECT_EQ(workers_[0]->active(), 0);
+  EXPECT_EQ(workers_[0]->completed(), 0);
+}
+
+TEST_F(CoordinatorTest, DrainFinishesInFlightAndAdmitsNothingNew) {
+  StartWorkers({{.step = absl::Milliseconds(5)}});
+  StartCoordinator();
+  StreamResult in_flight;
+  std::thread client([&] { in_flight = RunGenerate(*stub_, MakeRequest({3, 4}, 60)); });
+  while (server_->tracker().inflight() == 0) absl::SleepFor(absl::Milliseconds(1));
+  int left = -1;
+  std::thread drainer([&] { left = server_->Drain(absl::Seconds(10)); });
+  while (server_->tracker().admitting()) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(HealthStatus(address_), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  StreamResult late = RunGenerate(*stub_, MakeRequest({3, 4}, 2));
+  EXPECT_EQ(late.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(late.status.error_message(), HasSubstr("draining"));
+  client.join();
+  drainer.join();
+  ASSERT_TRUE(in_flight.status.ok()) << in_flight.status.error_message();
+  EXPECT_EQ(in_flight.tokens.size(), 60u);
+  EXPECT_EQ(left, 0);
+}
+
+TEST_F(CoordinatorTest, DrainTimeoutCancelsWhatIsLeft) {
+  StartWorkers({{.step = absl::Milliseconds(5)}});
+  StartCoordinator();
+  StreamResult in_flight;
+  std::thread client([&] { in_flight = RunGenerate(*stub_, MakeRequest({3, 4}, 3000)); });
+  while (server_->tracker().inflight() == 0) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(server_->Drain(absl::Milliseconds(100)), 1);
+  client.join();
+  EXPECT_FALSE(in_flight.status.ok());
+  for (int i = 0; i < 200 && workers_[0]->active() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(workers_[0]->active(), 0);  // the worker stream was cancelled too: its pages are freed
+}
+
+TEST(WorkerListTest, ParsesAndRejects) {
+  auto ok = coordinator::ParseWorkerList("127.0.0.1:7001, localhost:7002,[::1]:7003");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->size(), 3u);
+  EXPECT_THAT(std::string(coordinator::ParseWorkerList("").status().message()), HasSubstr("--workers is empty"));
+  EXPECT_THAT(std::string(coordinator::ParseWorkerList("host").status().message()), HasSubstr("not host:port"));
+  EXPECT_THAT(std::string(coordinator::ParseWorkerList("h:99999").status().message()), HasSubstr("1..65535"));
+}
+
+TEST(GroupPoolTest, DnsNameResolvesToEveryLeader) {
+  // "localhost" resolves to 127.0.0.1 (and ::1 where configured); each address is its own group.
+  FakeWorker w({});
+  const std::string port = w.address().substr(w.address().rfind(':') + 1);
+  coordinator::GroupPool pool({.targets = {"localhost:" + port}, .poll_interval = absl::Milliseconds(20)});
+  ASSERT_TRUE(pool.Start().ok());
+  ASSERT_TRUE(pool.WaitForReady(1, absl::Seconds(5)));
+  bool found = false;
+  for (const auto& g : pool.Snapshot()) found |= g.address == "127.0.0.1:" + port && g.ready;
+  EXPECT_TRUE(found);
+}
+
+}  // namespace
+}  // namespace dsv4::testing
