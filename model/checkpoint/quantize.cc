@@ -41,15 +41,18 @@ void QuantizeFp8(std::span<const float> w, QuantizedLinear& q) {
   }
 }
 
-// Packs e2m1 codes two per byte, low nibble = even k; `scale_of(r, c)` is the element's full scale.
-template <typename ScaleOf>
-void PackE2m1(std::span<const float> w, QuantizedLinear& q, ScaleOf scale_of) {
+// Packs e2m1 codes two per byte, low nibble = even k; block_scale(r, b) is the full scale of the
+// `block`-wide run b of row r (0 -> code 0). Divides (not multiplies by the inverse) as ModelOpt does.
+template <typename BlockScale>
+void PackE2m1(std::span<const float> w, QuantizedLinear& q, int64_t block, BlockScale block_scale) {
   q.weight.assign(static_cast<size_t>(q.n * q.k / 2), 0);
   for (int64_t r = 0; r < q.n; ++r) {
-    for (int64_t c = 0; c < q.k; ++c) {
-      const float s = scale_of(r, c);
-      const uint8_t code = s > 0.0f ? F32ToE2m1(w[r * q.k + c] / s) : 0;
-      q.weight[r * (q.k / 2) + c / 2] |= static_cast<uint8_t>(code << (4 * (c & 1)));
+    for (int64_t b = 0; b < q.k / block; ++b) {
+      const float s = block_scale(r, b);
+      for (int64_t c = b * block; c < (b + 1) * block; ++c) {
+        const uint8_t code = s > 0.0f ? F32ToE2m1(w[r * q.k + c] / s) : 0;
+        q.weight[r * (q.k / 2) + c / 2] |= static_cast<uint8_t>(code << (4 * (c & 1)));
+      }
     }
   }
 }
@@ -67,9 +70,7 @@ void QuantizeNvfp4(std::span<const float> w, QuantizedLinear& q) {
       q.scale[r * kb + b] = s;
     }
   }
-  PackE2m1(w, q, [&](int64_t r, int64_t c) {
-    return E4m3ToF32(q.scale[r * kb + c / kNvfp4BlockSize]) * q.scale_2;
-  });
+  PackE2m1(w, q, kNvfp4BlockSize, [&](int64_t r, int64_t b) { return E4m3ToF32(q.scale[r * kb + b]) * q.scale_2; });
 }
 
 void QuantizeMxfp4(std::span<const float> w, QuantizedLinear& q) {
@@ -81,7 +82,7 @@ void QuantizeMxfp4(std::span<const float> w, QuantizedLinear& q) {
       q.scale[r * kb + b] = Ue8m0CeilFromF32(block_amax / 6.0f);
     }
   }
-  PackE2m1(w, q, [&](int64_t r, int64_t c) { return Ue8m0ToF32(q.scale[r * kb + c / kMxfp4BlockSize]); });
+  PackE2m1(w, q, kMxfp4BlockSize, [&](int64_t r, int64_t b) { return Ue8m0ToF32(q.scale[r * kb + b]); });
 }
 
 absl::Status AddScalar(CheckpointWriter& writer, const std::string& name, float x) {

@@ -97,44 +97,59 @@ absl::StatusOr<WeightFormat> DetectFormat(const std::string& base, const TensorV
   }
 }
 
+// Calls f(block, begin, end) for each run of columns [begin, end) of [c0, c0 + cols) that shares
+// one block scale, so the scale is looked up once per run rather than once per element.
+template <int64_t kBlock, typename F>
+void ForEachBlockRun(int64_t c0, int64_t cols, F f) {
+  for (int64_t k = c0; k < c0 + cols;) {
+    const int64_t end = std::min(c0 + cols, (k / kBlock + 1) * kBlock);
+    f(k / kBlock, k, end);
+    k = end;
+  }
+}
+
+// e2m1 code of column k in a packed row: low nibble = even k.
+inline uint8_t E2m1Code(const uint8_t* row, int64_t k) { return (row[k >> 1] >> (4 * (k & 1))) & 0xf; }
+
 void DequantRow(const LinearWeight& w, int64_t n, int64_t c0, int64_t cols, float* out) {
   const Tables& t = T();
-  const uint8_t* wrow = w.weight.data;
   switch (w.format) {
     case WeightFormat::kBF16:
       for (int64_t c = 0; c < cols; ++c) {
         uint16_t h;
-        std::memcpy(&h, wrow + 2 * (n * w.k + c0 + c), 2);  // foreign files may be unaligned
+        std::memcpy(&h, w.weight.data + 2 * (n * w.k + c0 + c), 2);  // foreign files may be unaligned
         out[c] = Bf16ToF32(h);
       }
       return;
     case WeightFormat::kF32:
-      std::memcpy(out, wrow + 4 * (n * w.k + c0), static_cast<size_t>(cols) * 4);
+      std::memcpy(out, w.weight.data + 4 * (n * w.k + c0), static_cast<size_t>(cols) * 4);
       return;
     case WeightFormat::kFp8Block128: {
+      const uint8_t* row = w.weight.data + n * w.k;
       const uint8_t* s = w.scale.data + (n / kFp8BlockSize) * CeilDiv(w.k, kFp8BlockSize);
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t k = c0 + c;
-        out[c] = t.e4m3[wrow[n * w.k + k]] * t.e8m0[s[k / kFp8BlockSize]];
-      }
+      ForEachBlockRun<kFp8BlockSize>(c0, cols, [&](int64_t b, int64_t begin, int64_t end) {
+        const float scale = t.e8m0[s[b]];
+        for (int64_t k = begin; k < end; ++k) out[k - c0] = t.e4m3[row[k]] * scale;
+      });
       return;
     }
     case WeightFormat::kNvfp4: {
+      // (e2m1 * e4m3(ws)) * scale_2 in this order: the first product is exact, one rounding in all.
+      const uint8_t* row = w.weight.data + n * (w.k / 2);
       const uint8_t* s = w.scale.data + n * (w.k / kNvfp4BlockSize);
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t k = c0 + c;
-        const uint8_t code = (wrow[n * (w.k / 2) + k / 2] >> (4 * (k & 1))) & 0xf;  // low nibble = even k
-        out[c] = t.e2m1[code] * t.e4m3[s[k / kNvfp4BlockSize]] * w.scale_2;
-      }
+      ForEachBlockRun<kNvfp4BlockSize>(c0, cols, [&](int64_t b, int64_t begin, int64_t end) {
+        const float ws = t.e4m3[s[b]];
+        for (int64_t k = begin; k < end; ++k) out[k - c0] = t.e2m1[E2m1Code(row, k)] * ws * w.scale_2;
+      });
       return;
     }
     case WeightFormat::kMxfp4: {
+      const uint8_t* row = w.weight.data + n * (w.k / 2);
       const uint8_t* s = w.scale.data + n * (w.k / kMxfp4BlockSize);
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t k = c0 + c;
-        const uint8_t code = (wrow[n * (w.k / 2) + k / 2] >> (4 * (k & 1))) & 0xf;
-        out[c] = t.e2m1[code] * t.e8m0[s[k / kMxfp4BlockSize]];
-      }
+      ForEachBlockRun<kMxfp4BlockSize>(c0, cols, [&](int64_t b, int64_t begin, int64_t end) {
+        const float scale = t.e8m0[s[b]];
+        for (int64_t k = begin; k < end; ++k) out[k - c0] = t.e2m1[E2m1Code(row, k)] * scale;
+      });
       return;
     }
   }
