@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/group_pool.h"
+#include "coordinator/dashed_flags.h"
 #include "coordinator/server.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "host:port for the dsv4.v1.Coordinator API (port 0 = any free)");
@@ -57,6 +58,8 @@ int Fail(const std::string& message) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dsv4-coordinator --listen HOST:PORT --workers HOST:PORT[,HOST:PORT...]");
+  std::vector<std::string> flag_storage;
+  dsv4::UnderscoreFlagNames(argc, argv, flag_storage);
   absl::ParseCommandLine(argc, argv);
   dsv4::InitLogging("coordinator", 0, absl::GetFlag(FLAGS_log_level));
 

@@ -19,6 +19,7 @@
 #include "bench/serving/runner.h"
 #include "bench/serving/stats.h"
 #include "bench/serving/workload.h"
+#include "coordinator/dashed_flags.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -47,6 +48,8 @@ int Fail(const std::string& m) {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dsv4-bench --target HOST:PORT [--concurrency 1,4,16] [--num-prompts N] ...");
+  std::vector<std::string> flag_storage;
+  dsv4::UnderscoreFlagNames(argc, argv, flag_storage);
   absl::ParseCommandLine(argc, argv);
   const std::string target = absl::GetFlag(FLAGS_target);
   if (target.empty()) return Fail("--target is required (the coordinator's host:port)");

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "dsv4/v1/coordinator.grpc.pb.h"
-#include "grpc/health/v1/health.grpc.pb.h"
+#include "std_grpc/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
