@@ -231,7 +231,12 @@ void GenerateCall::OnChunk(Attempt* attempt, const GenerateResponse& chunk) {
       pending_.push_back(t);
     }
     attempt->tokens += n;
-    if (chunk.finish_reason() != dsv4::v1::FINISH_REASON_UNSPECIFIED) attempt->finish = chunk.finish_reason();
+    if (chunk.finish_reason() != dsv4::v1::FINISH_REASON_UNSPECIFIED) {
+      // Hold these tokens for the final message (sent once the stream's status confirms the finish), so the
+      // client's last chunk carries the last tokens together with finish_reason and usage.
+      attempt->finish = chunk.finish_reason();
+      return;
+    }
     action = NextWriteLocked();
   }
   Run(action);
