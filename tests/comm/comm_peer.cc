@@ -10,8 +10,15 @@
 //   loop         prints READY once connected, then all-reduces in a loop until a collective fails (the fault tests
 //                kill or stop a peer) and prints the status.
 //   startup      only forms the group and prints the status.
+//   lockstep     rank 0 drives a LockstepLeader over a fake model shard (allocate, resets, forwards with an
+//                all-reduce inside, an idle spell with heartbeats, more forwards), the others RunFollower; every
+//                rank prints the hash of the calls it applied ("calls=<hex>") for the test to compare.
+//   lockstep_busy / lockstep_idle   the leader prints READY, then steps continuously / idles on heartbeats until
+//                the group breaks (a follower is killed by the test); it prints NOT_SERVING from on_failure and
+//                the UNAVAILABLE status of its next Forward, and exits 3.
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,7 +33,9 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_communicator.h"
+#include "comm/lockstep.h"
 #include "common/float_formats.h"
+#include "tests/comm/fake_executor.h"
 
 ABSL_FLAG(int, rank, 0, "this process's rank");
 ABSL_FLAG(int, world, 2, "ranks in the group");
@@ -37,6 +46,7 @@ ABSL_FLAG(std::string, dir, "/tmp", "scratch directory shared by the ranks (barr
 ABSL_FLAG(int, timeout_ms, 20000, "collective deadline");
 ABSL_FLAG(int, startup_ms, 20000, "group formation deadline");
 ABSL_FLAG(int, loop_limit_s, 60, "loop mode gives up (exit 5) after this long");
+ABSL_FLAG(int, heartbeat_ms, 300, "lockstep modes: the leader's heartbeat interval");
 
 namespace dsv4::comm {
 namespace {
@@ -202,6 +212,84 @@ int RunLoop(Communicator& comm, int limit_s) {
   return 5;
 }
 
+// One forward of two sequences on the leader, checked against the exact all-reduced result.
+int LeaderStep(Communicator& comm, worker::ModelExecutor& leader, const worker::BlockTables tables[2], int step) {
+  std::vector<int32_t> toks[2] = {{step, step + 1, 7}, {3 * step}};
+  const worker::SeqChunk chunks[2] = {{.tables = &tables[0], .tokens = toks[0], .start_pos = step * 3},
+                                      {.tables = &tables[1], .tokens = toks[1], .start_pos = step}};
+  std::vector<float> logits(2 * testing::FakeShardExecutor::kVocab);
+  PEER_OK(leader.Forward(chunks, logits.data()));
+  const int w = comm.world();
+  for (int i = 0; i < 2; ++i) {
+    int64_t s = chunks[i].start_pos;
+    for (int32_t t : toks[i]) s += t;
+    for (int v = 0; v < testing::FakeShardExecutor::kVocab; ++v) {
+      const float want = static_cast<float>(w * (w + 1) / 2 * (s + v));
+      PEER_CHECK(logits[i * testing::FakeShardExecutor::kVocab + v] == want, "step ", step, " chunk ", i, " logit ", v,
+                 " = ", logits[i * testing::FakeShardExecutor::kVocab + v], ", want ", want);
+    }
+  }
+  return 0;
+}
+
+int RunLockstep(Communicator& comm, const std::string& mode, int heartbeat_ms, int limit_s) {
+  if (comm.rank() != 0) {
+    testing::FakeShardExecutor local(&comm);
+    const absl::Status s = RunFollower(comm, local);
+    std::printf("rank %d follower: %s forwards=%d calls=%016llx\n", comm.rank(), s.ToString().c_str(),
+                local.forwards(), static_cast<unsigned long long>(local.hash()));
+    return s.ok() ? 0 : 3;
+  }
+  std::atomic<bool> failed{false};
+  LockstepOptions options;
+  options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
+  options.on_failure = [&](const absl::Status& s) {
+    std::printf("rank 0 NOT_SERVING: %s\n", s.ToString().c_str());
+    failed = true;
+  };
+  auto owned = std::make_unique<testing::FakeShardExecutor>(&comm);
+  testing::FakeShardExecutor* fake = owned.get();
+  LockstepLeader leader(std::move(owned), &comm, options);
+  worker::BlockTables tables[2];
+  tables[0].state_slot = 0;
+  tables[0].pages = {std::vector<int32_t>{1, 2}, {3}, {}, {4}};
+  tables[1].state_slot = 1;
+  tables[1].pages = {std::vector<int32_t>{5}, {6, 7}, {8}, {}};
+  PEER_OK(leader.AllocateCache({8, 4, 2, 4}, 64, 4));
+  PEER_OK(leader.ResetState(0));
+  PEER_OK(leader.ResetState(1));
+  // Refused on every rank alike; the group must stay in step.
+  PEER_CHECK(leader.ResetState(99).code() == absl::StatusCode::kInvalidArgument, "bad slot not refused");
+  const auto end = Clock::now() + std::chrono::seconds(limit_s);
+  int step = 0;
+  for (; step < 10; ++step) {
+    if (int rc = LeaderStep(comm, leader, tables, step); rc != 0) return rc;
+  }
+  if (mode == "lockstep") {
+    std::this_thread::sleep_for(std::chrono::milliseconds(4 * heartbeat_ms));  // idle: heartbeats keep it alive
+    for (; step < 20; ++step) {
+      if (int rc = LeaderStep(comm, leader, tables, step); rc != 0) return rc;
+    }
+    PEER_OK(leader.health());
+    std::printf("rank 0 leader: forwards=%d calls=%016llx\n", fake->forwards(),
+                static_cast<unsigned long long>(fake->hash()));
+    return 0;
+  }
+  std::printf("rank 0 READY\n");
+  std::fflush(stdout);
+  while (Clock::now() < end) {
+    if (mode == "lockstep_busy") {
+      if (int rc = LeaderStep(comm, leader, tables, step++); rc != 0) return rc;
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      if (!failed) continue;
+      if (int rc = LeaderStep(comm, leader, tables, step++); rc != 0) return rc;
+    }
+  }
+  std::printf("rank 0 loop limit reached\n");
+  return 5;
+}
+
 int Main() {
   GlooOptions options;
   options.store_addr = absl::GetFlag(FLAGS_store);
@@ -219,6 +307,9 @@ int Main() {
     return 0;
   }
   if (mode == "loop") return RunLoop(comm, absl::GetFlag(FLAGS_loop_limit_s));
+  if (mode.starts_with("lockstep")) {
+    return RunLockstep(comm, mode, absl::GetFlag(FLAGS_heartbeat_ms), absl::GetFlag(FLAGS_loop_limit_s));
+  }
   return RunCollectives(comm, absl::GetFlag(FLAGS_seed), absl::GetFlag(FLAGS_dir));
 }
 

@@ -1,0 +1,116 @@
+// Lock-step execution across real processes: the leader's LockstepLeader broadcasts each call as a StepPlan and
+// the followers' RunFollower replays it on their own (fake) model shard, whose forward all-reduces like a sharded
+// model. Checks identical call sequences on every rank for world 2 and 4, exact all-reduced logits, and the fault
+// contract: a follower killed mid-run or while the leader idles makes the leader report NOT_SERVING and fail its
+// next Forward with UNAVAILABLE within 5 s. Plus in-process step-plan validation and round trips.
+#include <chrono>
+#include <regex>
+#include <string>
+
+#include "comm/step_plan.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/comm/peer_group.h"
+
+namespace dsv4::comm {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::GlooGroup;
+using ::testing::HasSubstr;
+using Clock = std::chrono::steady_clock;
+
+std::string CallsHash(const std::string& output) {
+  std::smatch m;
+  return std::regex_search(output, m, std::regex("calls=([0-9a-f]{16})")) ? m[1].str() : "";
+}
+
+void RunLockstep(int world) {
+  GlooGroup g;
+  std::vector<int> ranks;
+  for (int r = 0; r < world; ++r) ranks.push_back(r);
+  g.Start(world, ranks, {"--mode=lockstep", "--heartbeat_ms=200"});
+  for (int r = 0; r < world; ++r) {
+    const auto code = g.peer(r).Wait(milliseconds(60'000));
+    ASSERT_TRUE(code.has_value()) << "rank " << r << " did not finish:\n" << g.AllOutput();
+    EXPECT_EQ(*code, 0) << "rank " << r << ":\n" << g.peer(r).Output();
+  }
+  const std::string leader = CallsHash(g.peer(0).Output());
+  ASSERT_FALSE(leader.empty()) << g.peer(0).Output();
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(CallsHash(g.peer(r).Output()), leader) << "rank " << r << " applied other calls:\n" << g.AllOutput();
+    EXPECT_THAT(g.peer(r).Output(), HasSubstr("forwards=20")) << g.peer(r).Output();
+  }
+}
+
+TEST(LockstepTest, FollowersReplayTheLeaderWorld2) { RunLockstep(2); }
+TEST(LockstepTest, FollowersReplayTheLeaderWorld4) { RunLockstep(4); }
+
+// Kills follower `victim` once the leader is READY; the leader must report NOT_SERVING and exit with UNAVAILABLE
+// from its next Forward within 5 s.
+void KillFollowerAndExpectFastFailure(const std::string& mode) {
+  GlooGroup g;
+  g.Start(3, {0, 1, 2}, {"--mode=" + mode, "--heartbeat_ms=300", "--timeout_ms=20000", "--loop_limit_s=30"});
+  ASSERT_TRUE(g.peer(0).WaitForOutput("READY", milliseconds(20'000))) << g.AllOutput();
+  std::this_thread::sleep_for(milliseconds(300));
+  const auto killed_at = Clock::now();
+  g.peer(2).Signal(SIGKILL);
+  const auto code = g.peer(0).Wait(milliseconds(5'000));
+  const double s = std::chrono::duration<double>(Clock::now() - killed_at).count();
+  ASSERT_TRUE(code.has_value()) << "leader still running 5 s after a follower died:\n" << g.AllOutput();
+  const std::string out = g.peer(0).Output();
+  EXPECT_EQ(*code, 3) << out;
+  EXPECT_THAT(out, HasSubstr("NOT_SERVING"));
+  EXPECT_THAT(out, HasSubstr("COLLECTIVE ERROR: UNAVAILABLE"));
+  // The surviving follower leaves its loop too instead of waiting forever for plans.
+  const auto follower = g.peer(1).Wait(milliseconds(5'000));
+  ASSERT_TRUE(follower.has_value()) << g.peer(1).Output();
+  EXPECT_EQ(*follower, 3) << g.peer(1).Output();
+  std::printf("%s: leader failed %.3f s after the follower was killed\n", mode.c_str(), s);
+}
+
+TEST(LockstepTest, FollowerKilledMidRunFailsTheLeaderFast) { KillFollowerAndExpectFastFailure("lockstep_busy"); }
+TEST(LockstepTest, FollowerKilledWhileIdleIsFoundByHeartbeats) { KillFollowerAndExpectFastFailure("lockstep_idle"); }
+
+// ---------------------------------------------------------------- step plans in-process
+
+StepPlan ForwardPlan() {
+  StepPlan plan;
+  plan.set_seq(7);
+  PlanChunk* c = plan.mutable_forward()->add_chunks();
+  c->set_state_slot(3);
+  c->set_start_pos(130);
+  c->add_tokens(42);
+  for (int p = 0; p < kPlanPools; ++p) c->add_pools()->add_pages(p * 10);
+  return plan;
+}
+
+TEST(StepPlanTest, ValidationNamesTheField) {
+  EXPECT_TRUE(ValidateStepPlan(ForwardPlan()).ok());
+  StepPlan empty;
+  EXPECT_THAT(std::string(ValidateStepPlan(empty).message()), HasSubstr("no operation set"));
+  StepPlan p = ForwardPlan();
+  p.mutable_forward()->mutable_chunks(0)->clear_tokens();
+  EXPECT_THAT(std::string(ValidateStepPlan(p).message()), HasSubstr("chunk 0: no tokens"));
+  p = ForwardPlan();
+  p.mutable_forward()->mutable_chunks(0)->mutable_pools()->RemoveLast();
+  EXPECT_THAT(std::string(ValidateStepPlan(p).message()), HasSubstr("3 page lists, expected 4"));
+  p = ForwardPlan();
+  p.mutable_forward()->mutable_chunks(0)->set_state_slot(-1);
+  EXPECT_THAT(std::string(ValidateStepPlan(p).message()), HasSubstr("state_slot -1"));
+  StepPlan a;
+  a.mutable_allocate_cache()->add_pages_per_pool(1);
+  EXPECT_THAT(std::string(ValidateStepPlan(a).message()), HasSubstr("1 pool sizes, expected 4"));
+}
+
+TEST(StepPlanTest, BroadcastOnWorld1KeepsThePlanAndRefusesInvalidOnes) {
+  LocalCommunicator comm;
+  StepPlan plan = ForwardPlan();
+  ASSERT_TRUE(BroadcastStepPlan(comm, &plan).ok());
+  EXPECT_EQ(plan.forward().chunks(0).pools(3).pages(0), 30);
+  StepPlan bad;
+  EXPECT_EQ(BroadcastStepPlan(comm, &bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dsv4::comm
