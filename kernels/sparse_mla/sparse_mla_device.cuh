@@ -78,6 +78,13 @@ __device__ __forceinline__ void DequantE4m3x4(uint32_t v, float scale, uint32_t&
   hi = PackBf16x2(f1.x * scale, f1.y * scale);
 }
 
+// ue8m0 byte -> 2^(b - 127) as float, as common/float_formats.h's Ue8m0ToF32 (0 -> 2^-127, 255 -> NaN),
+// without its branches.
+__device__ __forceinline__ float ScaleFromUe8m0(uint32_t b) {
+  const float v = __uint_as_float(b == 0 ? 0x00400000u : b << 23);
+  return b == 0xff ? __uint_as_float(0x7fc00000u) : v;
+}
+
 // Where sequence b's selected position `pos` (window entries first, then extra entries, both already cut at
 // their lengths: `ew` window entries) lives. Returns false for skipped entries (-1, outside the pool).
 struct RowAddress {

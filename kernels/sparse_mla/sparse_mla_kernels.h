@@ -15,7 +15,8 @@ namespace dsv4::kernels::sparse_mla::internal {
 int MmaSmemBytes(int m_tiles, int tile_rows);
 // Raises the kernel's dynamic shared memory limit (once, at plan time, outside any graph capture).
 cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows);
-// Split-KV scratch: [B, H, splits, 512] f32 partial outputs + [B, H, splits] f32 partial LSE.
+// Split-KV scratch: [B, H, splits, 512] f32 partial outputs + [B, H, splits] f32 running max (log2 units)
+// + [B, H, splits] f32 running sum.
 size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits);
 // Main kernel over (head group, split, sequence) and, when num_splits > 1, the LSE combine kernel.
 cudaError_t LaunchMmaDecode(const SparseMlaParams& p, int m_tiles, int tile_rows, int num_splits,

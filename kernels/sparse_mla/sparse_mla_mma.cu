@@ -29,7 +29,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kStages = 3;
 constexpr int kKbStride = 2 * kKvDim + 16;  // bytes per bf16 row; +16 B keeps ldmatrix conflict-free
 constexpr int kDataChunks = kRowDataBytes / 16;  // 36 cp.async chunks of 16 B, then one of 8 B (scales)
-constexpr int kE4m3Chunks = kNopeDim / 16;       // 28 chunks of 16 e4m3 dims; the other 8 hold rope bf16
 constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kMTiles, int kTileRows>
@@ -138,24 +137,33 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   };
 
   // ---- dequant stage: raw tile -> bf16 [rows][512] (invalid rows were zero-filled, so they give 0) ----
+  // One task per (row, 64-dim tile): tiles 0..6 are e4m3 with one scale, tile 7 is the bf16 rope copy.
+  // Each task walks its four 16-byte chunks starting at a lane-dependent one, which spreads the lanes of a
+  // quarter-warp over the shared-memory banks.
   auto dequant_tile = [&](int stage, int kbuf) {
     const uint8_t* st = smem + stage * C::kRawStage;
     uint8_t* kb = smem + C::kOffKb + kbuf * C::kKbBytes;
-    for (int c = tid; c < kTileRows * kDataChunks; c += kThreads) {
-      const int row = c / kDataChunks, part = c - row * kDataChunks;
-      const uint4 v = *reinterpret_cast<const uint4*>(st + row * kRowDataBytes + part * 16);
-      if (part < kE4m3Chunks) {
-        const float scale = Ue8m0ToF32(st[C::kRawData + row * kRowScaleBytes + part / 4]);
-        uint4 lo, hi;
-        DequantE4m3x4(v.x, scale, lo.x, lo.y);
-        DequantE4m3x4(v.y, scale, lo.z, lo.w);
-        DequantE4m3x4(v.z, scale, hi.x, hi.y);
-        DequantE4m3x4(v.w, scale, hi.z, hi.w);
-        uint4* dst = reinterpret_cast<uint4*>(kb + row * kKbStride + part * 32);
-        dst[0] = lo;
-        dst[1] = hi;
+    for (int task = tid; task < kTileRows * 8; task += kThreads) {
+      const int row = task >> 3, tile = task & 7;
+      const uint4* src = reinterpret_cast<const uint4*>(st + row * kRowDataBytes + tile * kTileDim);
+      uint4* dst = reinterpret_cast<uint4*>(kb + row * kKbStride + tile * 2 * kTileDim);
+      if (tile < kNumTiles) {
+        const float scale = ScaleFromUe8m0(st[C::kRawData + row * kRowScaleBytes + tile]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int c = (j + tile) & 3;
+          const uint4 v = src[c];
+          uint4 lo, hi;
+          DequantE4m3x4(v.x, scale, lo.x, lo.y);
+          DequantE4m3x4(v.y, scale, lo.z, lo.w);
+          DequantE4m3x4(v.z, scale, hi.x, hi.y);
+          DequantE4m3x4(v.w, scale, hi.z, hi.w);
+          dst[2 * c] = lo;
+          dst[2 * c + 1] = hi;
+        }
       } else {
-        *reinterpret_cast<uint4*>(kb + row * kKbStride + 2 * kNopeDim + (part - kE4m3Chunks) * 16) = v;
+#pragma unroll
+        for (int c = 0; c < 8; ++c) dst[c] = src[c];
       }
     }
   };
@@ -204,16 +212,29 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   float run_max = -INFINITY, run_sum = 0.f;
   float* alpha_s = reinterpret_cast<float*>(smem + C::kOffAlpha);
   auto softmax_tile = [&](int stage) {
-    const float* sp = reinterpret_cast<const float*>(smem + C::kOffSpart);
+    const float* sp = reinterpret_cast<const float*>(smem + C::kOffSpart) + sm_head * C::kSpartStride + sm_row0;
     const int* valid = reinterpret_cast<const int*>(smem + stage * C::kRawStage + C::kRawData + C::kRawScales);
     float sv[C::kRowsPerThread];
+#pragma unroll
+    for (int i = 0; i < C::kRowsPerThread; ++i) sv[i] = 0.f;
+#pragma unroll
+    for (int dg = 0; dg < C::kDimGroups; ++dg) {
+      const float* row = sp + dg * C::kHeads * C::kSpartStride;
+      if constexpr (C::kRowsPerThread % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < C::kRowsPerThread; i += 4) {
+          const float4 v = *reinterpret_cast<const float4*>(row + i);
+          sv[i] += v.x, sv[i + 1] += v.y, sv[i + 2] += v.z, sv[i + 3] += v.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < C::kRowsPerThread; ++i) sv[i] += row[i];
+      }
+    }
     float tmax = -INFINITY;
 #pragma unroll
     for (int i = 0; i < C::kRowsPerThread; ++i) {
-      float s = 0.f;
-#pragma unroll
-      for (int dg = 0; dg < C::kDimGroups; ++dg) s += sp[(dg * C::kHeads + sm_head) * C::kSpartStride + sm_row0 + i];
-      sv[i] = valid[sm_row0 + i] ? s * scale_log2 : -INFINITY;
+      sv[i] = valid[sm_row0 + i] ? sv[i] * scale_log2 : -INFINITY;
       tmax = fmaxf(tmax, sv[i]);
     }
 #pragma unroll
@@ -221,13 +242,19 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     const float new_max = fmaxf(run_max, tmax);
     const float base = new_max == -INFINITY ? 0.f : new_max;  // no valid row yet: keep everything at 0
     const float alpha = exp2f(run_max - base);
-    __nv_bfloat16* prow = reinterpret_cast<__nv_bfloat16*>(smem + C::kOffP) + sm_head * C::kPStride + sm_row0;
+    uint8_t* prow = smem + C::kOffP + (sm_head * C::kPStride + sm_row0) * 2;
     float tsum = 0.f;
+    if constexpr (C::kRowsPerThread % 2 == 0) {
 #pragma unroll
-    for (int i = 0; i < C::kRowsPerThread; ++i) {
-      const __nv_bfloat16 pb = __float2bfloat16_rn(exp2f(sv[i] - base));
-      prow[i] = pb;
-      tsum += __bfloat162float(pb);  // the sum uses the weights the PV product will use
+      for (int i = 0; i < C::kRowsPerThread; i += 2) {
+        const uint32_t pair = PackBf16x2(exp2f(sv[i] - base), exp2f(sv[i + 1] - base));
+        *reinterpret_cast<uint32_t*>(prow + 2 * i) = pair;
+        tsum += __uint_as_float(pair << 16) + __uint_as_float(pair & 0xffff0000u);  // the weights PV uses
+      }
+    } else {
+      const __nv_bfloat16 pb = __float2bfloat16_rn(exp2f(sv[0] - base));
+      *reinterpret_cast<__nv_bfloat16*>(prow) = pb;
+      tsum = __bfloat162float(pb);
     }
 #pragma unroll
     for (int off = C::kThreadsPerHead / 2; off > 0; off >>= 1) tsum += __shfl_xor_sync(~0u, tsum, off);
@@ -243,15 +270,24 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
 #pragma unroll
     for (int nj = 0; nj < 8; ++nj) o[mi][nj][0] = o[mi][nj][1] = o[mi][nj][2] = o[mi][nj][3] = 0.f;
   auto pv_tile = [&](int kbuf) {
+    float a_lo[kMTiles], a_hi[kMTiles];
+    bool ones = true;
 #pragma unroll
     for (int mi = 0; mi < kMTiles; ++mi) {
-      const float a_lo = alpha_s[16 * mi + g], a_hi = alpha_s[16 * mi + g + 8];
+      a_lo[mi] = alpha_s[16 * mi + g];
+      a_hi[mi] = alpha_s[16 * mi + g + 8];
+      ones = ones && a_lo[mi] == 1.f && a_hi[mi] == 1.f;
+    }
+    if (!__all_sync(~0u, ones)) {  // skipping is exact: the running max did not move for these heads
 #pragma unroll
-      for (int nj = 0; nj < 8; ++nj) {
-        o[mi][nj][0] *= a_lo;
-        o[mi][nj][1] *= a_lo;
-        o[mi][nj][2] *= a_hi;
-        o[mi][nj][3] *= a_hi;
+      for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+        for (int nj = 0; nj < 8; ++nj) {
+          o[mi][nj][0] *= a_lo[mi];
+          o[mi][nj][1] *= a_lo[mi];
+          o[mi][nj][2] *= a_hi[mi];
+          o[mi][nj][3] *= a_hi[mi];
+        }
       }
     }
     const int ld_row = (lane & 7) + ((lane >> 3) & 1) * 8, ld_col = (lane >> 4) * 8;
@@ -311,8 +347,11 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   }
   __syncthreads();
   const bool direct = num_splits == 1;
+  // Split partials: o / l per split, then the running max (log2 units) and sum, so the combine weighs the
+  // splits from the same f32 scores as one block would (a natural-log LSE of ~1e6 keeps only 0.25 of it).
   float* ws_o = static_cast<float*>(p.workspace);
-  float* ws_lse = ws_o + static_cast<int64_t>(p.batch) * H * num_splits * kKvDim;
+  float* ws_max = ws_o + static_cast<int64_t>(p.batch) * H * num_splits * kKvDim;
+  float* ws_sum = ws_max + static_cast<int64_t>(p.batch) * H * num_splits;
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
@@ -351,54 +390,50 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     if (direct) {
       p.lse[bh] = l == 0.f ? INFINITY : lse;
     } else {
-      ws_lse[bh * num_splits + split] = l == 0.f ? -INFINITY : lse;
+      ws_max[bh * num_splits + split] = stat_m[tid];
+      ws_sum[bh * num_splits + split] = l;
     }
   }
 }
 
-// Merges the splits of one (sequence, head) per warp: lse = log sum_s e^{lse_s}, out = sum_s e^{lse_s - lse}
-// o_s, then the sink factor; lane l owns dims 4l + 128i.
-__global__ void __launch_bounds__(256) SparseMlaCombineKernel(const SparseMlaParams p, int num_splits) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t bh = static_cast<int64_t>(blockIdx.x) * 8 + warp;
-  if (bh >= static_cast<int64_t>(p.batch) * p.num_heads) return;
+// Merges the splits of one (sequence, head) per block of 128 threads (thread i owns dims 4i..4i+3):
+// weights w_s = l_s 2^(m_s - M) / L with M = max_s m_s and L = sum_s l_s 2^(m_s - M); lse = (M + log2 L) ln 2;
+// then the sink factor.
+__global__ void __launch_bounds__(128) SparseMlaCombineKernel(const SparseMlaParams p, int num_splits) {
+  const int64_t bh = blockIdx.x;
   const int h = static_cast<int>(bh % p.num_heads);
-  const float* ws_o = static_cast<const float*>(p.workspace);
-  const float* lse_s = ws_o + static_cast<int64_t>(p.batch) * p.num_heads * num_splits * kKvDim + bh * num_splits;
-  float mx = -INFINITY;
-  for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse_s[s]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(~0u, mx, off));
-  uint2* out = reinterpret_cast<uint2*>(p.out + bh * kKvDim);
-  if (mx == -INFINITY) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[lane + 32 * i] = make_uint2(0u, 0u);
-    if (lane == 0) p.lse[bh] = INFINITY;
+  const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
+  const float* ws_o = static_cast<const float*>(p.workspace) + bh * num_splits * kKvDim;
+  const float* m_s = static_cast<const float*>(p.workspace) + rows * num_splits * kKvDim + bh * num_splits;
+  const float* l_s = m_s + rows * num_splits;
+  float M = -INFINITY;
+  for (int s = 0; s < num_splits; ++s) {
+    if (l_s[s] != 0.f) M = fmaxf(M, m_s[s]);
+  }
+  uint2* out = reinterpret_cast<uint2*>(p.out + bh * kKvDim) + threadIdx.x;
+  if (M == -INFINITY) {  // no split saw a valid key
+    *out = make_uint2(0u, 0u);
+    if (threadIdx.x == 0) p.lse[bh] = INFINITY;
     return;
   }
-  float sum = 0.f;
-  for (int s = lane; s < num_splits; s += 32) sum += expf(lse_s[s] - mx);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(~0u, sum, off);
-  const float lse = mx + logf(sum);
-  const float factor = p.attn_sink ? 1.f / (1.f + expf(__ldg(p.attn_sink + h) - lse)) : 1.f;
-  float4 acc[4] = {};
+  float L = 0.f;
   for (int s = 0; s < num_splits; ++s) {
-    const float w = expf(lse_s[s] - lse) * factor;
-    if (w == 0.f) continue;  // empty split (lse -inf) or negligible
-    const float4* src = reinterpret_cast<const float4*>(ws_o + (bh * num_splits + s) * kKvDim);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float4 v = src[lane + 32 * i];
-      acc[i].x += w * v.x;
-      acc[i].y += w * v.y;
-      acc[i].z += w * v.z;
-      acc[i].w += w * v.w;
-    }
+    if (l_s[s] != 0.f) L += l_s[s] * exp2f(m_s[s] - M);
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out[lane + 32 * i] = make_uint2(PackBf16x2(acc[i].x, acc[i].y), PackBf16x2(acc[i].z, acc[i].w));
-  if (lane == 0) p.lse[bh] = lse;
+  const float lse = (M + log2f(L)) * kLn2;
+  const float factor = p.attn_sink ? 1.f / (1.f + expf(__ldg(p.attn_sink + h) - lse)) : 1.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s = 0; s < num_splits; ++s) {
+    if (l_s[s] == 0.f) continue;  // empty split
+    const float w = l_s[s] * exp2f(m_s[s] - M) / L * factor;
+    const float4 v = reinterpret_cast<const float4*>(ws_o + s * kKvDim)[threadIdx.x];
+    acc.x += w * v.x;
+    acc.y += w * v.y;
+    acc.z += w * v.z;
+    acc.w += w * v.w;
+  }
+  *out = make_uint2(PackBf16x2(acc.x, acc.y), PackBf16x2(acc.z, acc.w));
+  if (threadIdx.x == 0) p.lse[bh] = lse;
 }
 
 template <int kMTiles, int kTileRows>
@@ -450,7 +485,7 @@ cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows) {
 
 size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
   if (num_splits <= 1) return 0;
-  return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 1) * sizeof(float);
+  return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 2) * sizeof(float);
 }
 
 cudaError_t LaunchMmaDecode(const SparseMlaParams& p, int m_tiles, int tile_rows, int num_splits,
@@ -460,7 +495,7 @@ cudaError_t LaunchMmaDecode(const SparseMlaParams& p, int m_tiles, int tile_rows
       Dispatch(m_tiles, tile_rows, [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, num_splits, stream); });
   if (err != cudaSuccess || num_splits == 1) return err;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
-  SparseMlaCombineKernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(p, num_splits);
+  SparseMlaCombineKernel<<<static_cast<unsigned>(rows), kKvDim / 4, 0, stream>>>(p, num_splits);
   return cudaGetLastError();
 }
 

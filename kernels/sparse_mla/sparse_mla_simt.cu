@@ -43,7 +43,8 @@ __device__ __forceinline__ void LoadRowSlice(const RowAddress& row, int lane, fl
     Bf16x8ToFloat(lo, k);
     Bf16x8ToFloat(hi, k + 8);
   } else {
-    const uint4* src = reinterpret_cast<const uint4*>(row.data + 2 * kNopeDim) + 2 * (lane - kNopeDim / kDimsPerLane);
+    // Rope dims follow the 448 e4m3 bytes: lane 28 + i owns bytes 448 + 32i .. 448 + 32i + 31.
+    const uint4* src = reinterpret_cast<const uint4*>(row.data + kNopeDim) + 2 * (lane - kNopeDim / kDimsPerLane);
     Bf16x8ToFloat(__ldg(src), k);
     Bf16x8ToFloat(__ldg(src + 1), k + 8);
   }

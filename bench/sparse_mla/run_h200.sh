@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call for issue 7 (see docs/gpu.md): GPU tests, the benchmark, optional sanitizer / ncu / SASS
+# passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling:
+#   STEPS="test bench" bash bench/sparse_mla/run_h200.sh
+# Steps: test, memcheck, racecheck, bench, bench_heads, ncu, sass.
+set -uo pipefail
+OUT=${OUT:-out}
+mkdir -p "$OUT"
+B=.gpu/mla
+export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+STEPS=${STEPS:-"test bench"}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
+for step in $STEPS; do
+  echo "=== $step ($(date +%T))"
+  case $step in
+    test) timeout 240 $B/bin/sparse_mla_test --gtest_color=no > "$OUT/test.txt" 2>&1
+          echo "rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|rel_err\(global\)" "$OUT/test.txt" | grep -E "FAILED|PASSED|SKIPPED" | head -30 ;;
+    memcheck) timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/bin/sparse_mla_test \
+          --gtest_filter='*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*' \
+          > "$OUT/memcheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/memcheck.txt" ;;
+    racecheck) timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
+          --gtest_filter='*B1_H16_K128p256*:*B3_H16*' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
+    bench) timeout 240 $B/bin/sparse_mla_bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "rc=$?"; cat "$OUT/bench.txt" ;;
+    bench_heads) for h in 16 128; do timeout 120 $B/bin/sparse_mla_bench --heads=$h --batches=1,32,128 --reps=50 \
+          > "$OUT/bench_h$h.txt" 2>&1; echo "rc=$?"; tail -6 "$OUT/bench_h$h.txt"; done ;;
+    ncu) timeout 200 ncu --clock-control none --set full -k regex:SparseMlaMmaKernel -c 2 \
+          $B/bin/sparse_mla_bench --batches=${NCU_BATCH:-128} --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu.txt" 2>&1
+          echo "rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|L2 Hit|Bank" "$OUT/ncu.txt" | head -40 ;;
+    sass) cuobjdump -sass $B/bin/sparse_mla_bench > "$OUT/sass_full.txt" 2>&1
+          grep -oE "(HMMA|LDSM|LDGSTS|F2FP|HADD2|BAR|SHFL|MUFU)[.A-Z0-9_]*" "$OUT/sass_full.txt" | sort | uniq -c > "$OUT/sass_summary.txt"
+          cat "$OUT/sass_summary.txt"; rm -f "$OUT/sass_full.txt" ;;
+  esac
+done
