@@ -8,11 +8,12 @@
 
 #include "common/float_formats.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/sparse_mla/kv_row_format.h"
 
 namespace dsv4::kernels::cpu {
 namespace {
 
-constexpr int kNopeDims = 448, kTile = 64, kDataBytes = 576, kScaleBytes = 8;
+constexpr int kTile = 64;
 
 // Scale of one quantisation block as DeepSeek's act_quant picks it: 2^ceil(log2(amax / qmax)), amax >= 1e-4.
 uint8_t BlockScale(const float* x, int n, float qmax) {
@@ -23,10 +24,11 @@ uint8_t BlockScale(const float* x, int n, float qmax) {
 
 }  // namespace
 
+// The 584-byte record is kernels/sparse_mla's definition (kv_row_format.h), so the CPU production path and the
+// GPU kernel share one encoding.
 int64_t KvPageBytes(KvFormat format, int dim, int page_rows) {
   if (format == KvFormat::kF32) return int64_t{page_rows} * dim * 4;
-  const int64_t raw = int64_t{page_rows} * (kDataBytes + kScaleBytes);
-  return (raw + kDataBytes - 1) / kDataBytes * kDataBytes;
+  return sparse_mla::KvPageStrideBytes(page_rows);
 }
 
 void ReadKvRow(const KvCacheView& c, int32_t row, float* out) {
@@ -36,14 +38,9 @@ void ReadKvRow(const KvCacheView& c, int32_t row, float* out) {
     std::memcpy(out, p + r * c.dim * 4, c.dim * 4);
     return;
   }
-  const uint8_t* data = p + r * kDataBytes;
-  const uint8_t* scales = p + int64_t{c.page_rows} * kDataBytes + r * kScaleBytes;
-  for (int d = 0; d < kNopeDims; ++d) out[d] = E4m3ToF32(data[d]) * Ue8m0ToF32(scales[d / kTile]);
-  for (int i = 0; i < c.dim - kNopeDims; ++i) {
-    uint16_t h;
-    std::memcpy(&h, data + kNopeDims + 2 * i, 2);
-    out[kNopeDims + i] = Bf16ToF32(h);
-  }
+  sparse_mla::DecodeKvRow(p + r * sparse_mla::kRowDataBytes,
+                          p + int64_t{c.page_rows} * sparse_mla::kRowDataBytes + r * sparse_mla::kRowScaleBytes,
+                          std::span<float, sparse_mla::kKvDim>(out, sparse_mla::kKvDim));
 }
 
 void WriteKvRow(const KvCacheView& c, int32_t row, const float* in) {
@@ -53,19 +50,9 @@ void WriteKvRow(const KvCacheView& c, int32_t row, const float* in) {
     std::memcpy(p + r * c.dim * 4, in, c.dim * 4);
     return;
   }
-  uint8_t* data = p + r * kDataBytes;
-  uint8_t* scales = p + int64_t{c.page_rows} * kDataBytes + r * kScaleBytes;
-  for (int tile = 0; tile < kNopeDims / kTile; ++tile) {
-    const uint8_t sb = BlockScale(in + tile * kTile, kTile, 448.f);
-    scales[tile] = sb;
-    const float inv = 1.f / Ue8m0ToF32(sb);
-    for (int i = 0; i < kTile; ++i) data[tile * kTile + i] = F32ToE4m3(in[tile * kTile + i] * inv);
-  }
-  scales[kNopeDims / kTile] = 0;
-  for (int i = 0; i < c.dim - kNopeDims; ++i) {
-    const uint16_t h = F32ToBf16(in[kNopeDims + i]);
-    std::memcpy(data + kNopeDims + 2 * i, &h, 2);
-  }
+  sparse_mla::EncodeKvRow(std::span<const float, sparse_mla::kKvDim>(in, sparse_mla::kKvDim),
+                          p + r * sparse_mla::kRowDataBytes,
+                          p + int64_t{c.page_rows} * sparse_mla::kRowDataBytes + r * sparse_mla::kRowScaleBytes);
 }
 
 void CpuOps::KvWrite(const KvWriteArgs& a) {
