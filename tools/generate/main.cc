@@ -2,6 +2,7 @@
 // ids, decode greedily, print the tokens and tokens/s, optionally dump every position's logits as .npy.
 //   dsv4-generate --checkpoint DIR --prompt-ids 1,2,3 --max-new-tokens N [--mode exact|production]
 //                 [--dump-logits FILE] [--prefill-chunk N] [--threads N]
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -30,11 +31,27 @@ int Fail(const std::string& msg) {
   return 1;
 }
 
+// The documented spelling is --prompt-ids; absl flags are identifiers, so dashes in flag names become '_'.
+std::vector<std::string> NormaliseFlagNames(int argc, char** argv) {
+  std::vector<std::string> args(argv, argv + argc);
+  for (size_t i = 1; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (a.rfind("--", 0) != 0) continue;
+    const size_t end = std::min(a.find('='), a.size());
+    for (size_t j = 2; j < end; ++j)
+      if (a[j] == '-') a[j] = '_';
+  }
+  return args;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("dsv4-generate --checkpoint DIR --prompt-ids 1,2,3 --max-new-tokens N");
-  absl::ParseCommandLine(argc, argv);
+  std::vector<std::string> args = NormaliseFlagNames(argc, argv);
+  std::vector<char*> argp;
+  for (std::string& a : args) argp.push_back(a.data());
+  absl::ParseCommandLine(static_cast<int>(argp.size()), argp.data());
   using dsv4::model::NumericMode;
   dsv4::model::ModelOptions opts;
   const std::string mode = absl::GetFlag(FLAGS_mode);
