@@ -30,6 +30,7 @@ constexpr int kStages = 3;
 constexpr int kKbStride = 2 * kKvDim + 16;  // bytes per bf16 row; +16 B keeps ldmatrix conflict-free
 constexpr int kDataChunks = kRowDataBytes / 16;  // 36 cp.async chunks of 16 B, then one of 8 B (scales)
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kRescaleSlack = 8.f;  // log2 units, see softmax_tile
 
 template <int kMTiles, int kTileRows>
 struct MmaConfig {
@@ -45,7 +46,7 @@ struct MmaConfig {
   static constexpr int kThreadsPerHead = kThreads / kHeads;
   static constexpr int kRowsPerThread = kTileRows / kThreadsPerHead;
   // Shared memory: raw stages [rows x 576 data][rows x 8 scales][rows x int valid], two bf16 tiles, the
-  // partial scores [kDimGroups][G][rows + 4] f32, P [G][rows + 8] bf16, per-head alpha / max / sum.
+  // partial scores [kDimGroups][G][rows + 4] f32, P [G][rows + 8] bf16, per-head alpha / max / sums.
   static constexpr int kRawData = kTileRows * kRowDataBytes;
   static constexpr int kRawScales = kTileRows * kRowScaleBytes;
   static constexpr int kRawStage = kRawData + kRawScales + kTileRows * 4;
@@ -58,7 +59,8 @@ struct MmaConfig {
   static constexpr int kOffAlpha = kOffP + kHeads * kPStride * 2;
   static constexpr int kOffStatM = kOffAlpha + kHeads * 4;
   static constexpr int kOffStatL = kOffStatM + kHeads * 4;
-  static constexpr int kSmemBytes = kOffStatL + kHeads * 4;
+  static constexpr int kOffStatLq = kOffStatL + kHeads * 4;
+  static constexpr int kSmemBytes = kOffStatLq + kHeads * 4;
 
   static_assert(kTileRows % 16 == 0 && kThreads % kTileRows == 0, "tile rows");
   static_assert(kRowsPerThread >= 1 && kThreadsPerHead <= 32, "softmax mapping");
@@ -137,34 +139,33 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   };
 
   // ---- dequant stage: raw tile -> bf16 [rows][512] (invalid rows were zero-filled, so they give 0) ----
-  // One task per (row, 64-dim tile): tiles 0..6 are e4m3 with one scale, tile 7 is the bf16 rope copy.
-  // Each task walks its four 16-byte chunks starting at a lane-dependent one, which spreads the lanes of a
-  // quarter-warp over the shared-memory banks.
+  // One task per (row, 64-dim e4m3 tile) with its scale, then one 16-byte rope copy per thread; each task
+  // walks its four 16-byte chunks from a tile-dependent start to spread a quarter-warp over the banks.
   auto dequant_tile = [&](int stage, int kbuf) {
     const uint8_t* st = smem + stage * C::kRawStage;
     uint8_t* kb = smem + C::kOffKb + kbuf * C::kKbBytes;
-    for (int task = tid; task < kTileRows * 8; task += kThreads) {
-      const int row = task >> 3, tile = task & 7;
+    for (int task = tid; task < kTileRows * kNumTiles; task += kThreads) {
+      const int row = task / kNumTiles, tile = task - row * kNumTiles;
       const uint4* src = reinterpret_cast<const uint4*>(st + row * kRowDataBytes + tile * kTileDim);
       uint4* dst = reinterpret_cast<uint4*>(kb + row * kKbStride + tile * 2 * kTileDim);
-      if (tile < kNumTiles) {
-        const float scale = ScaleFromUe8m0(st[C::kRawData + row * kRowScaleBytes + tile]);
+      const float scale = ScaleFromUe8m0(st[C::kRawData + row * kRowScaleBytes + tile]);
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const int c = (j + tile) & 3;
-          const uint4 v = src[c];
-          uint4 lo, hi;
-          DequantE4m3x4(v.x, scale, lo.x, lo.y);
-          DequantE4m3x4(v.y, scale, lo.z, lo.w);
-          DequantE4m3x4(v.z, scale, hi.x, hi.y);
-          DequantE4m3x4(v.w, scale, hi.z, hi.w);
-          dst[2 * c] = lo;
-          dst[2 * c + 1] = hi;
-        }
-      } else {
-#pragma unroll
-        for (int c = 0; c < 8; ++c) dst[c] = src[c];
+      for (int j = 0; j < 4; ++j) {
+        const int c = (j + tile) & 3;
+        const uint4 v = src[c];
+        uint4 lo, hi;
+        DequantE4m3x4(v.x, scale, lo.x, lo.y);
+        DequantE4m3x4(v.y, scale, lo.z, lo.w);
+        DequantE4m3x4(v.z, scale, hi.x, hi.y);
+        DequantE4m3x4(v.w, scale, hi.z, hi.w);
+        dst[2 * c] = lo;
+        dst[2 * c + 1] = hi;
       }
+    }
+    for (int c = tid; c < kTileRows * 8; c += kThreads) {  // rope dims: 8 chunks of 8 bf16 per row
+      const int row = c >> 3, j = c & 7;
+      reinterpret_cast<uint4*>(kb + row * kKbStride + 2 * kNopeDim)[j] =
+          reinterpret_cast<const uint4*>(st + row * kRowDataBytes + kNopeDim)[j];
     }
   };
 
@@ -209,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   // ---- phase 2: online softmax (base 2) of one head's rows over kThreadsPerHead consecutive lanes ----
   const int sm_head = tid / C::kThreadsPerHead, sm_sub = tid % C::kThreadsPerHead;
   const int sm_row0 = sm_sub * C::kRowsPerThread;
-  float run_max = -INFINITY, run_sum = 0.f;
+  float run_max = -INFINITY, run_sum = 0.f, run_sum_q = 0.f;
   float* alpha_s = reinterpret_cast<float*>(smem + C::kOffAlpha);
   auto softmax_tile = [&](int stage) {
     const float* sp = reinterpret_cast<const float*>(smem + C::kOffSpart) + sm_head * C::kSpartStride + sm_row0;
@@ -239,26 +240,41 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     }
 #pragma unroll
     for (int off = C::kThreadsPerHead / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(~0u, tmax, off));
-    const float new_max = fmaxf(run_max, tmax);
+    // Lazy rescale: the running max only moves when a tile beats it by more than kRescaleSlack (log2
+    // units). Weights then stay below 2^kRescaleSlack (far inside bf16's range) and, after the first
+    // tiles, alpha is exactly 1 for every head, so the O rescale of phase 3 is skipped. The result is the
+    // same softmax: every weight and sum is taken relative to the same (stale) max.
+    const float new_max =
+        (run_max == -INFINITY || tmax > run_max + kRescaleSlack) ? fmaxf(run_max, tmax) : run_max;
     const float base = new_max == -INFINITY ? 0.f : new_max;  // no valid row yet: keep everything at 0
     const float alpha = exp2f(run_max - base);
     uint8_t* prow = smem + C::kOffP + (sm_head * C::kPStride + sm_row0) * 2;
-    float tsum = 0.f;
+    // Two sums: of the f32 weights (for the LSE and the split weights) and of the bf16 weights the PV
+    // product uses (to normalise O consistently).
+    float tsum = 0.f, tsum_q = 0.f;
     if constexpr (C::kRowsPerThread % 2 == 0) {
 #pragma unroll
       for (int i = 0; i < C::kRowsPerThread; i += 2) {
-        const uint32_t pair = PackBf16x2(exp2f(sv[i] - base), exp2f(sv[i + 1] - base));
+        const float p0 = exp2f(sv[i] - base), p1 = exp2f(sv[i + 1] - base);
+        const uint32_t pair = PackBf16x2(p0, p1);
         *reinterpret_cast<uint32_t*>(prow + 2 * i) = pair;
-        tsum += __uint_as_float(pair << 16) + __uint_as_float(pair & 0xffff0000u);  // the weights PV uses
+        tsum += p0 + p1;
+        tsum_q += __uint_as_float(pair << 16) + __uint_as_float(pair & 0xffff0000u);
       }
     } else {
-      const __nv_bfloat16 pb = __float2bfloat16_rn(exp2f(sv[0] - base));
+      const float p0 = exp2f(sv[0] - base);
+      const __nv_bfloat16 pb = __float2bfloat16_rn(p0);
       *reinterpret_cast<__nv_bfloat16*>(prow) = pb;
-      tsum = __bfloat162float(pb);
+      tsum = p0;
+      tsum_q = __bfloat162float(pb);
     }
 #pragma unroll
-    for (int off = C::kThreadsPerHead / 2; off > 0; off >>= 1) tsum += __shfl_xor_sync(~0u, tsum, off);
+    for (int off = C::kThreadsPerHead / 2; off > 0; off >>= 1) {
+      tsum += __shfl_xor_sync(~0u, tsum, off);
+      tsum_q += __shfl_xor_sync(~0u, tsum_q, off);
+    }
     run_sum = run_sum * alpha + tsum;
+    run_sum_q = run_sum_q * alpha + tsum_q;
     run_max = new_max;
     if (sm_sub == 0) alpha_s[sm_head] = alpha;
   };
@@ -341,9 +357,11 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   // ---- epilogue: per-head max / sum to every warp, then normalise and store ----
   float* stat_m = reinterpret_cast<float*>(smem + C::kOffStatM);
   float* stat_l = reinterpret_cast<float*>(smem + C::kOffStatL);
+  float* stat_lq = reinterpret_cast<float*>(smem + C::kOffStatLq);
   if (sm_sub == 0) {
     stat_m[sm_head] = run_max;
     stat_l[sm_head] = run_sum;
+    stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
   const bool direct = num_splits == 1;
@@ -360,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
       const float l = stat_l[hl];
       float factor = 0.f;  // no valid key: zeros
       if (l != 0.f) {
-        factor = 1.f / l;
+        factor = 1.f / stat_lq[hl];
         if (direct && p.attn_sink != nullptr) {
           const float lse = (stat_m[hl] + log2f(l)) * kLn2;
           factor /= 1.f + expf(__ldg(p.attn_sink + h) - lse);
