@@ -1,0 +1,73 @@
+// Tensor-parallel sharding of DeepSeek-V4 weights, applied when weights load (docs/tensor-parallel.md).
+//
+// Which rank holds what (T = world, r = rank; all splits contiguous and equal):
+//   attention heads    H/T heads [r·H/T, (r+1)·H/T): rows heads·Dh of wq_b, entries of attn_sink
+//   output groups      G/T groups: rows groups·o_lora of wo_a (each group's heads are inside the rank's heads, so
+//                      T must divide G), columns groups·o_lora of wo_b -> partial y, all-reduce after attention
+//   routed experts     E/T experts [r·E/T, ...) (expert parallel inside the group); the router is replicated so
+//                      every rank picks the same experts and computes the local ones -> partial y
+//   shared expert      I/T intermediate dims: rows of w1/w3, columns of w2 -> partial y; one all-reduce after the
+//                      MoE sums routed and shared partials together
+//   LM head            vocabulary rows [r·Vp, min(V, (r+1)·Vp)), Vp = ceil(V/T); logits all-gathered
+//   replicated         embed, norms, mHC, wq_a, wkv (the latent KV is shared by all heads, MQA), compressor,
+//                      indexer (its top-k must see all index heads' scores), router, KV caches
+// Model code stays unaware: a loader builds the rank's weights with LoadLinearRows/Cols and the Config seen by
+// the forward carries the local head and group counts; only the two all-reduces and the logits gather are
+// communicator calls.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "comm/communicator.h"
+#include "model/checkpoint/checkpoint.h"
+#include "model/config/config.h"
+
+namespace dsv4::comm {
+
+struct ShardSpec {
+  int rank = 0;
+  int world = 1;
+};
+
+struct Range {
+  int64_t begin = 0;
+  int64_t size = 0;
+  int64_t end() const { return begin + size; }
+};
+
+struct ShardLayout {
+  ShardSpec spec;
+  Range heads;          // of num_attention_heads
+  Range groups;         // of o_groups
+  Range experts;        // of n_routed_experts
+  Range shared_inter;   // of moe_intermediate_size * n_shared_experts
+  Range vocab;          // of vocab_size (the last rank's may be shorter)
+  int64_t vocab_slot = 0;  // ceil(vocab_size / world): each rank's block in the gathered logits
+};
+
+// The rank's share of every split dimension. InvalidArgument naming the field when the world does not divide
+// num_attention_heads, o_groups, n_routed_experts or the shared expert width, or vocab_size < world.
+absl::StatusOr<ShardLayout> PlanShardLayout(const Config& config, ShardSpec spec);
+
+// Rows [rows.begin, rows.end()) of linear `base` (logical [n, k]), all columns, dequantised to fp32: [rows.size, k].
+// Touches only those rows' bytes (and their scale blocks) of the mapped checkpoint.
+absl::StatusOr<std::vector<float>> LoadLinearRows(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,
+                                                  int64_t k, Range rows);
+// Columns [cols.begin, cols.end()) of every row: [n, cols.size].
+absl::StatusOr<std::vector<float>> LoadLinearCols(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,
+                                                  int64_t k, Range cols);
+
+// full[R, V] on every rank <- the ranks' local[R, layout.vocab.size] logits (AllGather of vocab_slot-wide
+// blocks, then reassembled in vocabulary order). `comm` must be a host communicator.
+absl::Status GatherVocabLogits(Communicator& comm, const ShardLayout& layout, const float* local, int64_t rows,
+                               int64_t vocab_size, float* full);
+
+// Resident set size of this process in bytes (VmRSS), for the per-rank memory log after loading; -1 if unknown.
+int64_t ResidentBytes();
+
+}  // namespace dsv4::comm
