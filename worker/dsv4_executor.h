@@ -1,0 +1,25 @@
+// ModelExecutor over dsv4::model::Dsv4Model (the CPU backend today; the CUDA backend plugs in the same way).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/model_executor.h"
+
+namespace dsv4::model {
+class Dsv4Model;
+}
+
+namespace dsv4::worker {
+
+struct Dsv4ExecutorOptions {
+  std::string checkpoint;
+  std::string mode = "exact";  // exact | production
+  int threads = 0;             // 0 = all cores
+};
+
+// Loads the checkpoint; errors name the tensor or field that failed.
+absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4ExecutorOptions& options);
+
+}  // namespace dsv4::worker

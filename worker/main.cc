@@ -1,0 +1,212 @@
+// dsv4-worker: one worker process (rank 0 of a group of world 1 for now) serving dsv4.v1.Worker over gRPC.
+//
+//   dsv4-worker --checkpoint DIR --listen 127.0.0.1:0 --backend cpu --max-batch 32 --max-context 4096 \
+//     --kv-pages N --prefill-chunk 256 --mode exact --group G --rank 0 --world 1 \
+//     --metrics-listen 127.0.0.1:0 --ready-file PATH --drain-timeout 30
+//
+// Start-up: flags -> options check -> load weights -> size and allocate KV pools -> start the engine -> start
+// gRPC (health SERVING only now) -> write the ready file "grpc=HOST:PORT metrics=HOST:PORT" (temp + rename).
+// Any failure before that prints one line naming the problem and exits non-zero. SIGTERM/SIGINT: health
+// NOT_SERVING, stop admitting, finish in-flight requests within --drain-timeout (abort the rest), exit 0.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "metrics/serving_metrics.h"
+#include "worker/dsv4_executor.h"
+#include "worker/engine.h"
+#include "worker/kv_manager.h"
+#include "worker/options.h"
+#include "worker/service.h"
+
+namespace {
+const dsv4::worker::WorkerOptions kDefaults;
+}
+
+ABSL_FLAG(std::string, checkpoint, kDefaults.checkpoint, "checkpoint folder (config.json, *.safetensors)");
+ABSL_FLAG(std::string, listen, kDefaults.listen, "gRPC listen address host:port (port 0 picks one)");
+ABSL_FLAG(std::string, backend, kDefaults.backend, "cpu | cuda");
+ABSL_FLAG(int, device, kDefaults.device, "GPU ordinal (cuda backend)");
+ABSL_FLAG(int, max_batch, kDefaults.max_batch, "running requests at most");
+ABSL_FLAG(int, max_waiting, kDefaults.max_waiting, "queued requests before RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_context, kDefaults.max_context, "prompt + generated tokens per request");
+ABSL_FLAG(int64_t, kv_pages, kDefaults.kv_pages, "pages per KV pool; 0 = size from --mem-fraction");
+ABSL_FLAG(double, mem_fraction, kDefaults.mem_fraction, "share of available memory for KV pools");
+ABSL_FLAG(int, page_rows, kDefaults.page_rows, "rows per KV page");
+ABSL_FLAG(int, prefill_chunk, kDefaults.prefill_chunk, "prefill tokens per engine step");
+ABSL_FLAG(std::string, mode, kDefaults.mode, "exact | production");
+ABSL_FLAG(int, threads, kDefaults.threads, "CPU threads for the model; 0 = all cores");
+ABSL_FLAG(std::string, group, kDefaults.group, "worker group id (metric label)");
+ABSL_FLAG(int, rank, kDefaults.rank, "rank inside the group");
+ABSL_FLAG(int, world, kDefaults.world, "ranks in the group (1 only for now)");
+ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen, "host:port for /metrics; empty = off");
+ABSL_FLAG(std::string, ready_file, kDefaults.ready_file, "file to write 'grpc=HOST:PORT metrics=HOST:PORT' to");
+ABSL_FLAG(double, drain_timeout, kDefaults.drain_timeout_s, "seconds to finish in-flight requests on SIGTERM");
+ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
+
+namespace dsv4::worker {
+namespace {
+
+WorkerOptions OptionsFromFlags() {
+  WorkerOptions o;
+  o.checkpoint = absl::GetFlag(FLAGS_checkpoint);
+  o.listen = absl::GetFlag(FLAGS_listen);
+  o.backend = absl::GetFlag(FLAGS_backend);
+  o.device = absl::GetFlag(FLAGS_device);
+  o.max_batch = absl::GetFlag(FLAGS_max_batch);
+  o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
+  o.max_context = absl::GetFlag(FLAGS_max_context);
+  o.kv_pages = absl::GetFlag(FLAGS_kv_pages);
+  o.mem_fraction = absl::GetFlag(FLAGS_mem_fraction);
+  o.page_rows = absl::GetFlag(FLAGS_page_rows);
+  o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  o.mode = absl::GetFlag(FLAGS_mode);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.group = absl::GetFlag(FLAGS_group);
+  o.rank = absl::GetFlag(FLAGS_rank);
+  o.world = absl::GetFlag(FLAGS_world);
+  o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.ready_file = absl::GetFlag(FLAGS_ready_file);
+  o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout);
+  o.log_level = absl::GetFlag(FLAGS_log_level);
+  return o;
+}
+
+int64_t AvailableHostBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+absl::Status WriteReadyFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.good()) return absl::InternalError(absl::StrCat("--ready-file: cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("--ready-file: cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "dsv4-worker: %s\n", std::string(s.message()).c_str());
+  return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kUnimplemented ? 2 : 1;
+}
+
+int Run(const WorkerOptions& o, const sigset_t& signals) {
+  const absl::Time t_start = absl::Now();
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+  std::unique_ptr<metrics::ServingMetrics> serving_metrics;
+  if (!o.metrics_listen.empty()) {
+    auto server = metrics::MetricsServer::Start(o.metrics_listen);
+    if (!server.ok()) return Fail(server.status());
+    metrics_server = std::move(*server);
+    int group = 0;
+    if (!absl::SimpleAtoi(o.group, &group)) group = 0;
+    serving_metrics = std::make_unique<metrics::ServingMetrics>(
+        *metrics_server->registry(), metrics::Labels{.role = "worker", .group = group, .rank = o.rank});
+  }
+  auto executor = LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads});
+  if (!executor.ok()) return Fail(executor.status());
+  const double load_s = absl::ToDoubleSeconds(absl::Now() - t_start);
+  auto sizing = PlanKvSizing(**executor, {.page_rows = o.page_rows,
+                                          .max_batch = o.max_batch,
+                                          .max_context = o.max_context,
+                                          .kv_pages = o.kv_pages,
+                                          .mem_fraction = o.mem_fraction,
+                                          .available_bytes = AvailableHostBytes()});
+  if (!sizing.ok()) return Fail(sizing.status());
+  if (absl::Status s = (*executor)->AllocateCache(sizing->pages, sizing->page_rows, sizing->max_slots); !s.ok()) {
+    return Fail(s);
+  }
+  DSV4_LOG_INFO("KV pools: {}", sizing->ToString());
+  Engine engine(std::move(*executor), *sizing,
+                {.max_batch = o.max_batch, .max_waiting = o.max_waiting, .prefill_chunk = o.prefill_chunk,
+                 .max_context = o.max_context},
+                serving_metrics.get());
+  engine.Start();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  std::unique_ptr<grpc::Server> server;
+  WorkerService service(&engine, {.max_context = o.max_context,
+                                  .world = o.world,
+                                  .default_drain_timeout_s = o.drain_timeout_s,
+                                  .on_drain = [&server] {
+                                    server->GetHealthCheckService()->SetServingStatus(false);
+                                  }});
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  server = builder.BuildAndStart();
+  if (!server || port == 0) return Fail(absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind")));
+  server->GetHealthCheckService()->SetServingStatus(true);
+  std::string host;
+  int unused = 0;
+  (void)ParseHostPort("--listen", o.listen, &host, &unused);
+  std::string metrics_addr;
+  if (metrics_server) {
+    std::string mhost;
+    (void)ParseHostPort("--metrics-listen", o.metrics_listen, &mhost, &unused);
+    metrics_addr = absl::StrCat(mhost, ":", metrics_server->port());
+  }
+  const std::string ready = absl::StrCat("grpc=", host, ":", port, " metrics=", metrics_addr, "\n");
+  if (serving_metrics) {
+    const double total_s = absl::ToDoubleSeconds(absl::Now() - t_start);
+    serving_metrics->SetStartup(load_s, 0, 0, total_s);
+  }
+  if (!o.ready_file.empty()) {
+    if (absl::Status s = WriteReadyFile(o.ready_file, ready); !s.ok()) return Fail(s);
+  }
+  DSV4_LOG_INFO("SERVING {}", ready.substr(0, ready.size() - 1));
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  DSV4_LOG_INFO("signal {}: draining (timeout {:.1f} s)", sig, o.drain_timeout_s);
+  server->GetHealthCheckService()->SetServingStatus(false);
+  absl::Notification drained;
+  engine.Drain(absl::Seconds(o.drain_timeout_s), [&drained](int, int) { drained.Notify(); });
+  drained.WaitForNotification();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  engine.Stop();
+  DSV4_LOG_INFO("exiting");
+  return 0;
+}
+
+}  // namespace
+}  // namespace dsv4::worker
+
+int main(int argc, char** argv) {
+  // Block SIGTERM/SIGINT before any thread starts, so every thread inherits the mask and sigwait sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  absl::SetProgramUsageMessage("dsv4-worker: DeepSeek-V4 decode worker (see docs/worker.md)");
+  absl::ParseCommandLine(argc, argv);
+  const dsv4::worker::WorkerOptions options = dsv4::worker::OptionsFromFlags();
+  if (absl::Status s = dsv4::worker::ValidateOptions(options); !s.ok()) return dsv4::worker::Fail(s);
+  dsv4::InitLogging("worker", options.rank, options.log_level);
+  return dsv4::worker::Run(options, signals);
+}

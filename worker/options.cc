@@ -1,0 +1,71 @@
+// See options.h.
+#include "worker/options.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace dsv4::worker {
+namespace {
+
+absl::Status Range(const char* flag, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, " ", value, " must lie in [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseHostPort(const std::string& flag, const std::string& value, std::string* host, int* port) {
+  const size_t colon = value.rfind(':');
+  int parsed = -1;
+  if (colon == std::string::npos || colon == 0 || !absl::SimpleAtoi(value.substr(colon + 1), &parsed) ||
+      parsed < 0 || parsed > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " '", value, "' must be host:port with a port in [0, 65535] (0 picks a free port)"));
+  }
+  *host = value.substr(0, colon);
+  *port = parsed;
+  return absl::OkStatus();
+}
+
+absl::Status ValidateOptions(const WorkerOptions& o) {
+  if (o.checkpoint.empty()) return absl::InvalidArgumentError("--checkpoint is required (a checkpoint folder)");
+  std::string host;
+  int port = 0;
+  DSV4_RETURN_IF_ERROR(ParseHostPort("--listen", o.listen, &host, &port));
+  if (!o.metrics_listen.empty()) DSV4_RETURN_IF_ERROR(ParseHostPort("--metrics-listen", o.metrics_listen, &host, &port));
+  if (o.backend != "cpu" && o.backend != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend '", o.backend, "' must be cpu or cuda"));
+  }
+  if (o.backend == "cuda") {
+    return absl::UnimplementedError("--backend cuda is not wired into the worker yet; use --backend cpu");
+  }
+  if (o.mode != "exact" && o.mode != "production") {
+    return absl::InvalidArgumentError(absl::StrCat("--mode '", o.mode, "' must be exact or production"));
+  }
+  DSV4_RETURN_IF_ERROR(Range("--device", o.device, 0, 1023));
+  DSV4_RETURN_IF_ERROR(Range("--max-batch", o.max_batch, 1, 4096));
+  DSV4_RETURN_IF_ERROR(Range("--max-waiting", o.max_waiting, 0, 1 << 20));
+  DSV4_RETURN_IF_ERROR(Range("--max-context", o.max_context, 2, 1 << 20));
+  DSV4_RETURN_IF_ERROR(Range("--kv-pages", o.kv_pages, 0, int64_t{1} << 31));
+  DSV4_RETURN_IF_ERROR(Range("--page-rows", o.page_rows, 1, 4096));
+  DSV4_RETURN_IF_ERROR(Range("--prefill-chunk", o.prefill_chunk, 1, 1 << 20));
+  DSV4_RETURN_IF_ERROR(Range("--threads", o.threads, 0, 1024));
+  if (o.kv_pages == 0 && !(o.mem_fraction > 0 && o.mem_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--mem-fraction ", o.mem_fraction, " must lie in (0, 1] when --kv-pages is 0"));
+  }
+  if (o.world != 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("--world ", o.world, ": tensor parallelism is not built into this worker yet (use --world 1)"));
+  }
+  DSV4_RETURN_IF_ERROR(Range("--rank", o.rank, 0, o.world - 1));
+  if (!(o.drain_timeout_s >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--drain-timeout ", o.drain_timeout_s, " must be >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace dsv4::worker

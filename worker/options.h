@@ -1,0 +1,41 @@
+// The worker process's typed options: defaults written here, filled from absl flags in main.cc, checked by
+// ValidateOptions before anything is loaded (a bad flag ends start-up with one line naming it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace dsv4::worker {
+
+struct WorkerOptions {
+  std::string checkpoint;                  // --checkpoint: Hugging Face-style folder (required)
+  std::string listen = "127.0.0.1:0";      // --listen: gRPC host:port (port 0 picks one)
+  std::string backend = "cpu";             // --backend: cpu | cuda
+  int device = 0;                          // --device: GPU ordinal (cuda)
+  int max_batch = 32;                      // --max-batch: running requests at most
+  int max_waiting = 256;                   // --max-waiting: queued requests before RESOURCE_EXHAUSTED
+  int max_context = 4096;                  // --max-context: prompt + generated tokens per request
+  int64_t kv_pages = 0;                    // --kv-pages: pages per KV pool; 0 = size from --mem-fraction
+  double mem_fraction = 0.3;               // --mem-fraction: share of available memory for KV pools
+  int page_rows = 64;                      // --page-rows: rows per KV page
+  int prefill_chunk = 256;                 // --prefill-chunk: prefill tokens per step (all requests)
+  std::string mode = "exact";              // --mode: exact | production (model NumericMode)
+  int threads = 0;                         // --threads: CPU threads in the model; 0 = all cores
+  std::string group = "0";                 // --group: worker group (replica) id, used in metric labels
+  int rank = 0;                            // --rank
+  int world = 1;                           // --world: ranks in the group (1 only, for now)
+  std::string metrics_listen;              // --metrics-listen: host:port for /metrics; empty = off
+  std::string ready_file;                  // --ready-file: "grpc=HOST:PORT metrics=HOST:PORT" once SERVING
+  double drain_timeout_s = 30;             // --drain-timeout: SIGTERM drain budget, seconds
+  std::string log_level = "info";          // --log-level
+};
+
+// INVALID_ARGUMENT naming the flag and the allowed range; UNIMPLEMENTED for options this build cannot serve.
+absl::Status ValidateOptions(const WorkerOptions& options);
+
+// "host:port" split; INVALID_ARGUMENT naming `flag` when malformed.
+absl::Status ParseHostPort(const std::string& flag, const std::string& value, std::string* host, int* port);
+
+}  // namespace dsv4::worker

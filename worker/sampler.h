@@ -1,0 +1,45 @@
+// Token sampling: greedy, temperature, top-k, top-p, min-p, drawn from a counter-based generator.
+//
+// Reproducibility: the uniform variate for a request's i-th generated token is Philox4x32-10 keyed by the
+// request's seed with counter i. No generator state is carried between steps, so the same seed gives the same
+// tokens whatever the batch, after preemption and recompute, and on another worker resuming the request at
+// token index i (GenerateRequest.resume_generated).
+//
+// Filter order (as vLLM): temperature, then top-k, then top-p (smallest set of most likely tokens whose
+// probability reaches top_p), then min-p (drop tokens below min_p times the most likely one's probability).
+// Ties are broken by the lower token id, so greedy is argmax with the lowest id winning.
+//
+// Threads: pure functions; Sampler holds scratch space and belongs to one thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace dsv4::worker {
+
+struct SamplingConfig {
+  float temperature = 0.0f;  // 0 = greedy
+  int top_k = 0;             // 0 = off
+  float top_p = 1.0f;        // 1 = off
+  float min_p = 0.0f;        // 0 = off
+  uint64_t seed = 0;
+};
+
+// Philox4x32-10 of (key = seed, counter = index): a uniform double in [0, 1) with 53 random bits.
+double CounterUniform(uint64_t seed, uint64_t index);
+
+// Index of the largest logit (lowest index among equals).
+int32_t ArgMax(std::span<const float> logits);
+
+class Sampler {
+ public:
+  // Samples the token with generation index `index` from one row of logits.
+  int32_t Sample(std::span<const float> logits, const SamplingConfig& config, uint64_t index);
+
+ private:
+  std::vector<std::pair<float, int32_t>> candidates_;  // (logit or probability, token id)
+};
+
+}  // namespace dsv4::worker

@@ -1,0 +1,213 @@
+// See service.h.
+#include "worker/service.h"
+
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+
+namespace dsv4::worker {
+namespace {
+
+using dsv4::v1::GenerateResponse;
+
+class GenerateReactor;
+
+// The engine's handle on one call. It outlives the reactor when the engine still holds it after the call ended;
+// then it drops whatever it is given.
+class StreamSink final : public RequestSink {
+ public:
+  explicit StreamSink(GenerateReactor* reactor) : reactor_(reactor) {}
+  void OnResponse(GenerateResponse response, bool last) override;
+  // Reactor side: the write of the front message finished.
+  void OnWriteDone(bool ok);
+  // Reactor side: the client went away.
+  void OnCancel();
+  void Detach() {
+    absl::MutexLock lock(&mu_);
+    reactor_ = nullptr;
+  }
+
+ private:
+  // Starts the next write or the Finish, if one is due. Called with mu_ held; the gRPC call happens after
+  // unlocking (StartWrite may run reactions inline).
+  enum class Next { kNothing, kWrite, kFinishOk, kFinishCancelled };
+  Next PickNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Act(Next next, GenerateReactor* reactor);
+
+  absl::Mutex mu_;
+  GenerateReactor* reactor_ ABSL_GUARDED_BY(mu_);
+  std::deque<GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool got_last_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  GenerateResponse* in_flight_ = nullptr;  // the message being written (front of queue_)
+};
+
+class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse> {
+ public:
+  GenerateReactor(Engine* engine, const dsv4::v1::GenerateRequest& request)
+      : engine_(engine), sink_(std::make_shared<StreamSink>(this)) {
+    absl::StatusOr<uint64_t> handle = engine_->Submit(request, sink_);
+    if (!handle.ok()) {
+      DSV4_LOG_INFO("req={} rejected: {}", request.request_id(), handle.status().ToString());
+      sink_->Detach();
+      Finish(ToGrpcStatus(handle.status()));
+      return;
+    }
+    handle_ = *handle;
+  }
+  void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
+  void OnCancel() override {
+    if (handle_ != 0) engine_->Cancel(handle_);
+    sink_->OnCancel();
+  }
+  void OnDone() override {
+    sink_->Detach();
+    delete this;
+  }
+
+ private:
+  Engine* engine_;
+  std::shared_ptr<StreamSink> sink_;
+  uint64_t handle_ = 0;
+};
+
+void StreamSink::OnResponse(GenerateResponse response, bool last) {
+  Next next;
+  GenerateReactor* reactor;
+  {
+    absl::MutexLock lock(&mu_);
+    if (reactor_ == nullptr || finished_ || got_last_) return;
+    queue_.push_back(std::move(response));
+    got_last_ = last;
+    next = PickNext();
+    reactor = reactor_;
+  }
+  Act(next, reactor);
+}
+
+void StreamSink::OnWriteDone(bool ok) {
+  Next next;
+  GenerateReactor* reactor;
+  {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!queue_.empty()) queue_.pop_front();
+    if (!ok) cancelled_ = true;
+    next = PickNext();
+    reactor = reactor_;
+  }
+  Act(next, reactor);
+}
+
+void StreamSink::OnCancel() {
+  Next next;
+  GenerateReactor* reactor;
+  {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    next = PickNext();
+    reactor = reactor_;
+  }
+  Act(next, reactor);
+}
+
+StreamSink::Next StreamSink::PickNext() {
+  if (reactor_ == nullptr || writing_ || finished_) return Next::kNothing;
+  if (cancelled_) {
+    finished_ = true;
+    return Next::kFinishCancelled;
+  }
+  if (!queue_.empty()) {
+    writing_ = true;
+    in_flight_ = &queue_.front();  // deque keeps element addresses stable on push_back
+    return Next::kWrite;
+  }
+  if (got_last_) {
+    finished_ = true;
+    return Next::kFinishOk;
+  }
+  return Next::kNothing;
+}
+
+void StreamSink::Act(Next next, GenerateReactor* reactor) {
+  // The reactor stays alive here: OnDone only follows a Finish, and only Act issues Finish.
+  switch (next) {
+    case Next::kNothing: return;
+    case Next::kWrite: reactor->StartWrite(in_flight_); return;
+    case Next::kFinishOk: reactor->Finish(grpc::Status::OK); return;
+    case Next::kFinishCancelled:
+      reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "generate call cancelled"));
+      return;
+  }
+}
+
+}  // namespace
+
+WorkerService::WorkerService(Engine* engine, ServiceOptions options)
+    : engine_(engine), options_(std::move(options)) {}
+
+grpc::ServerWriteReactor<GenerateResponse>* WorkerService::Generate(grpc::CallbackServerContext* context,
+                                                                    const dsv4::v1::GenerateRequest* request) {
+  return new GenerateReactor(engine_, *request);
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* context,
+                                                 const dsv4::v1::GetLoadRequest* request,
+                                                 dsv4::v1::GetLoadResponse* response) {
+  *response = engine_->GetLoad();
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::Drain(grpc::CallbackServerContext* context,
+                                               const dsv4::v1::DrainRequest* request,
+                                               dsv4::v1::DrainResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  const double timeout_s = request->timeout_s() > 0 ? request->timeout_s() : options_.default_drain_timeout_s;
+  DSV4_LOG_INFO("drain requested (timeout {:.1f} s)", timeout_s);
+  if (options_.on_drain) options_.on_drain();
+  engine_->Drain(absl::Seconds(timeout_s), [reactor, response](int finished, int aborted) {
+    response->set_finished(finished);
+    response->set_aborted(aborted);
+    reactor->Finish(grpc::Status::OK);
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::Rendezvous(grpc::CallbackServerContext* context,
+                                                    const dsv4::v1::RendezvousRequest* request,
+                                                    dsv4::v1::RendezvousResponse* response) {
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               absl::StrCat("this worker group runs --world ", options_.world,
+                                            ": no followers can join (rendezvous from rank ", request->rank(),
+                                            " refused; tensor parallelism is not built in yet)")));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                      const dsv4::v1::GetModelInfoRequest* request,
+                                                      dsv4::v1::GetModelInfoResponse* response) {
+  const ModelInfo& info = engine_->model_info();
+  response->set_model_name(info.model_name);
+  response->set_vocab_size(info.vocab_size);
+  response->set_max_context(options_.max_context);
+  response->set_eos_token_id(info.eos_token_ids.empty() ? -1 : info.eos_token_ids[0]);
+  response->set_bos_token_id(info.bos_token_id);
+  response->set_num_layers(info.num_layers);
+  response->set_weight_format(info.weight_format);
+  auto* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace dsv4::worker

@@ -1,0 +1,51 @@
+// The Worker gRPC service (proto/dsv4/v1/worker.proto) over an Engine, on the gRPC callback API.
+//
+// Generate: one GenerateReactor per call. The reactor submits the request to the engine (validation errors and
+// queue-full come back at once as the call's status) and streams what the engine hands its sink: one message per
+// step with the new token ids, the last with finish_reason and usage. Client cancellation (OnCancel) asks the
+// engine to abort the request; the engine frees its pages at the next step boundary.
+// GetLoad, GetModelInfo, Drain, Rendezvous: unary reactors that never wait on the engine (Drain's reply is sent
+// from the engine thread when the drain completes).
+//
+// Threads: reactions run on gRPC's callback threads; the engine calls sinks on its own thread. The per-call
+// StreamSink mutex serialises the two; no reaction blocks.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "dsv4/v1/worker.grpc.pb.h"
+#include "worker/engine.h"
+
+namespace dsv4::worker {
+
+struct ServiceOptions {
+  int max_context = 4096;
+  int world = 1;
+  double default_drain_timeout_s = 30;
+  std::function<void()> on_drain;  // called when a Drain starts (the process flips health to NOT_SERVING)
+};
+
+class WorkerService final : public dsv4::v1::Worker::CallbackService {
+ public:
+  WorkerService(Engine* engine, ServiceOptions options);
+
+  grpc::ServerWriteReactor<dsv4::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const dsv4::v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context, const dsv4::v1::GetLoadRequest* request,
+                                    dsv4::v1::GetLoadResponse* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context, const dsv4::v1::DrainRequest* request,
+                                  dsv4::v1::DrainResponse* response) override;
+  grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* context,
+                                       const dsv4::v1::RendezvousRequest* request,
+                                       dsv4::v1::RendezvousResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const dsv4::v1::GetModelInfoRequest* request,
+                                         dsv4::v1::GetModelInfoResponse* response) override;
+
+ private:
+  Engine* engine_;
+  ServiceOptions options_;
+};
+
+}  // namespace dsv4::worker
