@@ -2,7 +2,7 @@
 # One device call for issue 7 (see docs/gpu.md): GPU tests, the benchmark, optional sanitizer / ncu / SASS
 # passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling:
 #   STEPS="test bench" bash bench/sparse_mla/run_h200.sh
-# Steps: test, memcheck, racecheck, bench, bench_heads, ncu, sass.
+# Steps: test, memcheck, racecheck, bench, bench_heads, ncu, ncu_stalls, sass.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -26,6 +26,10 @@ for step in $STEPS; do
     ncu) timeout 200 ncu --clock-control none --set full -k regex:SparseMlaMmaKernel -c 2 \
           $B/bin/sparse_mla_bench --batches=${NCU_BATCH:-128} --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu.txt" 2>&1
           echo "rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|L2 Hit|Bank" "$OUT/ncu.txt" | head -40 ;;
+    ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k regex:SparseMlaMmaKernel -c 1 \
+          --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed_pipe_tensor.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
+          $B/bin/sparse_mla_bench --batches=$nb --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu_stalls_b$nb.txt" 2>&1
+          echo "rc=$? B=$nb"; grep -E "stalled|tensor|inst_executed" "$OUT/ncu_stalls_b$nb.txt" | awk '$NF+0 > 0.05 || /tensor|inst_executed.sum/' | head -30; done ;;
     sass) cuobjdump -sass $B/bin/sparse_mla_bench > "$OUT/sass_full.txt" 2>&1
           grep -oE "(HMMA|LDSM|LDGSTS|F2FP|HADD2|BAR|SHFL|MUFU)[.A-Z0-9_]*" "$OUT/sass_full.txt" | sort | uniq -c > "$OUT/sass_summary.txt"
           cat "$OUT/sass_summary.txt"; rm -f "$OUT/sass_full.txt" ;;
