@@ -47,14 +47,27 @@ absl::StatusOr<ShardLayout> PlanShardLayout(const Config& c, ShardSpec spec) {
   ShardLayout l;
   l.spec = spec;
   DSV4_ASSIGN_OR_RETURN(l.heads, EvenShare("num_attention_heads", c.num_attention_heads, spec));
-  DSV4_ASSIGN_OR_RETURN(l.groups, EvenShare("o_groups", c.o_groups, spec));
   DSV4_ASSIGN_OR_RETURN(l.experts, EvenShare("n_routed_experts", c.n_routed_experts, spec));
   DSV4_ASSIGN_OR_RETURN(l.shared_inter,
                         EvenShare("shared expert width (moe_intermediate_size * n_shared_experts)",
                                   c.moe_intermediate_size * c.n_shared_experts, spec));
-  if (c.o_groups > 0 && c.num_attention_heads % c.o_groups != 0) {
+  if (c.o_groups < 1 || c.num_attention_heads % c.o_groups != 0) {
     return absl::InvalidArgumentError(absl::StrCat("num_attention_heads ", c.num_attention_heads,
                                                    " is not divisible by o_groups ", c.o_groups));
+  }
+  const int64_t group_in = c.num_attention_heads / c.o_groups * c.head_dim;  // wo_a columns per group
+  if (c.o_groups % spec.world == 0) {
+    DSV4_ASSIGN_OR_RETURN(l.groups, EvenShare("o_groups", c.o_groups, spec));
+    l.group_cols = Range{0, group_in};
+  } else if (spec.world % c.o_groups == 0) {
+    // Several ranks share one group; each holds the wo_a columns of its own heads.
+    const int64_t heads_per_group = c.num_attention_heads / c.o_groups;
+    const int64_t g = l.heads.begin / heads_per_group;
+    l.groups = Range{g, 1};
+    l.group_cols = Range{(l.heads.begin - g * heads_per_group) * c.head_dim, l.heads.size * c.head_dim};
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("o_groups ", c.o_groups, " and world ", spec.world,
+                                                   ": one must divide the other to split the output projection"));
   }
   if (c.vocab_size < spec.world) {
     return absl::InvalidArgumentError(absl::StrCat("vocab_size ", c.vocab_size, " < world ", spec.world));
@@ -63,6 +76,16 @@ absl::StatusOr<ShardLayout> PlanShardLayout(const Config& c, ShardSpec spec) {
   const int64_t begin = std::min<int64_t>(c.vocab_size, spec.rank * l.vocab_slot);
   l.vocab = Range{begin, std::min<int64_t>(c.vocab_size, begin + l.vocab_slot) - begin};
   return l;
+}
+
+absl::StatusOr<std::vector<float>> LoadLinearBlock(const ckpt::Checkpoint& ck, absl::string_view base, int64_t n,
+                                                   int64_t k, Range rows, Range cols) {
+  DSV4_ASSIGN_OR_RETURN(ckpt::LinearWeight w, LoadChecked(ck, base, n, k));
+  DSV4_RETURN_IF_ERROR(CheckRange(base, "rows", rows, n));
+  DSV4_RETURN_IF_ERROR(CheckRange(base, "columns", cols, k));
+  std::vector<float> out(static_cast<size_t>(rows.size * cols.size));
+  DSV4_RETURN_IF_ERROR(ckpt::DequantizeBlock(w, rows.begin, rows.size, cols.begin, cols.size, out));
+  return out;
 }
 
 absl::StatusOr<std::vector<float>> LoadLinearRows(const ckpt::Checkpoint& ck, absl::string_view base, int64_t n,

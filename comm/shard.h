@@ -2,8 +2,11 @@
 //
 // Which rank holds what (T = world, r = rank; all splits contiguous and equal):
 //   attention heads    H/T heads [r·H/T, (r+1)·H/T): rows heads·Dh of wq_b, entries of attn_sink
-//   output groups      G/T groups: rows groups·o_lora of wo_a (each group's heads are inside the rank's heads, so
-//                      T must divide G), columns groups·o_lora of wo_b -> partial y, all-reduce after attention
+//   output groups      T <= G: G/T whole groups: rows groups·o_lora of wo_a, columns groups·o_lora of wo_b.
+//                      T > G: the one group holding the rank's heads: its o_lora rows of wo_a restricted to the
+//                      columns of the rank's heads (a partial z_g), and that group's o_lora columns of wo_b.
+//                      Either way y = W_ob z is linear in every head's output, so the ranks' partial y sum to y:
+//                      all-reduce after attention. Needs T | G or G | T (powers of two always are).
 //   routed experts     E/T experts [r·E/T, ...) (expert parallel inside the group); the router is replicated so
 //                      every rank picks the same experts and computes the local ones -> partial y
 //   shared expert      I/T intermediate dims: rows of w1/w3, columns of w2 -> partial y; one all-reduce after the
@@ -43,7 +46,8 @@ struct Range {
 struct ShardLayout {
   ShardSpec spec;
   Range heads;          // of num_attention_heads
-  Range groups;         // of o_groups
+  Range groups;         // of o_groups: whole groups (T <= G) or the single group holding this rank's heads (T > G)
+  Range group_cols;     // of each held group's wo_a input columns (H/G·Dh): all of them when T <= G
   Range experts;        // of n_routed_experts
   Range shared_inter;   // of moe_intermediate_size * n_shared_experts
   Range vocab;          // of vocab_size (the last rank's may be shorter)
@@ -51,9 +55,14 @@ struct ShardLayout {
 };
 
 // The rank's share of every split dimension. InvalidArgument naming the field when the world does not divide
-// num_attention_heads, o_groups, n_routed_experts or the shared expert width, or vocab_size < world.
+// num_attention_heads, n_routed_experts or the shared expert width, when neither of world and o_groups divides
+// the other, or when vocab_size < world.
 absl::StatusOr<ShardLayout> PlanShardLayout(const Config& config, ShardSpec spec);
 
+// Rows [rows.begin, rows.end()) and columns [cols.begin, cols.end()) of linear `base` (logical [n, k]) in fp32:
+// [rows.size, cols.size]. Touches only those elements' bytes (and their scale blocks) of the mapped checkpoint.
+absl::StatusOr<std::vector<float>> LoadLinearBlock(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,
+                                                   int64_t k, Range rows, Range cols);
 // Rows [rows.begin, rows.end()) of linear `base` (logical [n, k]), all columns, dequantised to fp32: [rows.size, k].
 // Touches only those rows' bytes (and their scale blocks) of the mapped checkpoint.
 absl::StatusOr<std::vector<float>> LoadLinearRows(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,

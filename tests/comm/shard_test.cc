@@ -58,6 +58,30 @@ TEST(ShardLayoutTest, FlashSplitsEvenlyAndCoversEverything) {
   }
 }
 
+// The tiny test config (8 heads, 2 output groups) at world 4: two ranks per group, each with its heads' columns.
+TEST(ShardLayoutTest, MoreRanksThanOutputGroupsShareAGroup) {
+  Config c = FlashDims();
+  c.num_attention_heads = 8;
+  c.o_groups = 2;
+  c.head_dim = 512;
+  c.n_routed_experts = 8;
+  c.moe_intermediate_size = 256;
+  const int64_t want_group[4] = {0, 0, 1, 1}, want_col[4] = {0, 1024, 0, 1024};
+  for (int r = 0; r < 4; ++r) {
+    auto l = PlanShardLayout(c, {r, 4});
+    ASSERT_TRUE(l.ok()) << l.status();
+    EXPECT_EQ(l->groups.begin, want_group[r]);
+    EXPECT_EQ(l->groups.size, 1);
+    EXPECT_EQ(l->group_cols.begin, want_col[r]);
+    EXPECT_EQ(l->group_cols.size, 1024);
+  }
+  c.o_groups = 4;
+  c.num_attention_heads = 12;
+  c.n_routed_experts = 12;
+  c.moe_intermediate_size = 240;
+  EXPECT_THAT(std::string(PlanShardLayout(c, {0, 6}).status().message()), HasSubstr("one must divide the other"));
+}
+
 TEST(ShardLayoutTest, RefusesUnevenSplitsNamingTheField) {
   const Config c = FlashDims();
   EXPECT_THAT(std::string(PlanShardLayout(c, {0, 3}).status().message()),
@@ -120,6 +144,13 @@ TEST(ShardedLoadTest, ShardsReassembleTheFullMatrixInEveryFormat) {
         }
       }
       EXPECT_EQ(rows_joined, *full) << name << " world " << world << " (row shards)";
+      // An interior block (rows and columns both cut mid-way through a 128 block).
+      const Range br{70, 100}, bc{33, 200};
+      auto block = LoadLinearBlock(**ck, name, n, k, br, bc);
+      ASSERT_TRUE(block.ok()) << block.status();
+      for (int64_t i = 0; i < br.size; ++i)
+        for (int64_t j = 0; j < bc.size; ++j)
+          ASSERT_EQ((*block)[i * bc.size + j], (*full)[(br.begin + i) * k + bc.begin + j]) << name << " " << i << "," << j;
       EXPECT_EQ(by_cols, *full) << name << " world " << world << " (column shards)";
     }
   }
@@ -162,10 +193,10 @@ TEST(ShardAlgebraTest, PartialOutputsSumToTheUnshardedResult) {
   c.o_lora_rank = 12;
   c.hidden_size = 24;
   c.n_routed_experts = 8;
-  c.moe_intermediate_size = 20;
+  c.moe_intermediate_size = 24;
   c.n_shared_experts = 1;
   c.vocab_size = 50;
-  const int64_t H = 8, Dh = 16, G = 4, OL = 12, D = 24, E = 8, I = 20;
+  const int64_t H = 8, Dh = 16, G = 4, OL = 12, D = 24, E = 8, I = 24;
   const uint32_t seed = std::random_device{}();
   std::mt19937 rng(seed);
   std::normal_distribution<double> nd(0.0, 1.0);
@@ -214,18 +245,20 @@ TEST(ShardAlgebraTest, PartialOutputsSumToTheUnshardedResult) {
   const auto ys = expert(s1, s3, s2, 0, I, 1.0);
   for (int64_t d = 0; d < D; ++d) y_moe[d] += ys[d];
 
-  for (int world : {2, 4}) {
+  for (int world : {2, 4, 8}) {  // 8 > o_groups: ranks share a group
     std::vector<double> sum_attn(D, 0.0), sum_moe(D, 0.0);
     for (int r = 0; r < world; ++r) {
       auto l = PlanShardLayout(c, {r, world});
       ASSERT_TRUE(l.ok()) << l.status();
-      // Attention: this rank's groups (= its heads' outputs) through its rows of W_oa and columns of W_ob.
+      // Attention: this rank's heads' outputs through its block of W_oa (whole groups, or its heads' columns of
+      // one group when world > o_groups) and its groups' columns of W_ob.
       std::vector<double> z_local(l->groups.size * OL);
       for (int64_t g = 0; g < l->groups.size; ++g) {
         const int64_t gg = l->groups.begin + g;
-        std::vector<double> og(o.begin() + gg * gin, o.begin() + (gg + 1) * gin);
+        std::vector<double> og(o.begin() + gg * gin + l->group_cols.begin,
+                               o.begin() + gg * gin + l->group_cols.end());
         std::vector<float> wg(wo_a.begin() + gg * OL * gin, wo_a.begin() + (gg + 1) * OL * gin);
-        const auto zg = MatVec(wg, OL, gin, og);
+        const auto zg = MatVec(wg, OL, l->group_cols.size, og, l->group_cols.begin, gin);
         std::copy(zg.begin(), zg.end(), z_local.begin() + g * OL);
       }
       const auto y_part = MatVec(wo_b, D, l->groups.size * OL, z_local, l->groups.begin * OL, G * OL);
