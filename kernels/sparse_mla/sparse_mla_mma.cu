@@ -465,10 +465,6 @@ cudaError_t LaunchMain(const SparseMlaParams& p, int num_splits, cudaStream_t st
 
 template <int kMTiles, int kTileRows>
 cudaError_t Prepare() {
-  const cudaError_t err = cudaFuncSetAttribute(SparseMlaMmaKernel<kMTiles, kTileRows>,
-                                               cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
-  if (err != cudaSuccess) return err;
   return cudaFuncSetAttribute(SparseMlaMmaKernel<kMTiles, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                               MmaConfig<kMTiles, kTileRows>::kSmemBytes);
 }
@@ -502,11 +498,6 @@ int MmaSmemBytes(int m_tiles, int tile_rows) {
 
 cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows) {
   if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
-  // The combine kernel needs no shared memory, but asking for the same carve-out as the main kernel spares
-  // the SMs a shared-memory reconfiguration between the two launches of every split attention.
-  const cudaError_t err = cudaFuncSetAttribute(SparseMlaCombineKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                               static_cast<int>(cudaSharedmemCarveoutMaxShared));
-  if (err != cudaSuccess) return err;
   return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return Prepare<m.value, n.value>(); });
 }
 
