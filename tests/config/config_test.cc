@@ -73,6 +73,7 @@ TEST(ConfigTest, TinyAndSmallConfigsParse) {
   EXPECT_EQ(small.num_attention_heads, 64);
   EXPECT_EQ(small.n_routed_experts, 16);
   EXPECT_EQ(small.moe_intermediate_size, 2048);
+  EXPECT_EQ(small.compress_ratios, (std::vector<int64_t>{0, 0, 4, 128}));
 }
 
 // Missing keys take DeepseekV4Config's defaults (dsv4-decode.md 6.10); only the schedule is required.
