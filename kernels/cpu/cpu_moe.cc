@@ -54,7 +54,7 @@ void CpuOps::Moe(const MoeArgs& a) {
     for (int64_t t = 0; t < a.t; ++t)
       for (int i = 0; i < k; ++i)
         if (chosen[t * k + i] == e) users.push_back({t, i});
-    if (users.empty()) continue;
+    if (users.empty() || a.w1[e] == nullptr) continue;  // null: held by another rank (expert parallel)
     const int64_t m = static_cast<int64_t>(users.size());
     moe_x_.resize(m * a.d);
     moe_g_.resize(m * a.inter);

@@ -112,6 +112,7 @@ void AttentionSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, st
                 .n = OL, .k = group_in, .x_stride = H * Dh, .y_stride = G * OL});
   }
   Linear(ops, z.data(), w.wo_b, y.data(), T);
+  m.AllReduce(y.data(), T * D);  // tensor parallel: each rank projected only its heads
 
   std::vector<float> x_out(x.size());
   ops.HcPost({.x = x.data(), .y = y.data(), .post = post.data(), .comb = comb.data(), .x_out = x_out.data(), .t = T,

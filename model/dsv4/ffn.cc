@@ -21,9 +21,10 @@ void FfnSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, std::vec
 
   std::vector<const float*> w1(E), w2(E), w3(E);
   for (int64_t e = 0; e < E; ++e) {
-    w1[e] = w.w1[e].ptr();
-    w2[e] = w.w2[e].ptr();
-    w3[e] = w.w3[e].ptr();
+    // Null for an expert held by another rank (expert parallel): the MoE op skips it.
+    w1[e] = w.w1[e].data.empty() ? nullptr : w.w1[e].ptr();
+    w2[e] = w.w2[e].data.empty() ? nullptr : w.w2[e].ptr();
+    w3[e] = w.w3[e].data.empty() ? nullptr : w.w3[e].ptr();
   }
   ops.Moe({.x = a.data(), .tokens = batch.tokens.data(), .gate = w.gate.ptr(),
            .bias = w.hash ? nullptr : w.gate_bias.ptr(), .tid2eid = w.hash ? w.tid2eid.data() : nullptr,
@@ -33,6 +34,7 @@ void FfnSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, std::vec
            .vocab = c.vocab_size, .topk = static_cast<int>(c.num_experts_per_tok),
            .routed_scale = static_cast<float>(c.routed_scaling_factor),
            .swiglu_limit = static_cast<float>(c.swiglu_limit)});
+  m.AllReduce(y.data(), T * D);  // tensor parallel: local experts + this rank's slice of the shared expert
 
   std::vector<float> x_out(x.size());
   ops.HcPost({.x = x.data(), .y = y.data(), .post = post.data(), .comb = comb.data(), .x_out = x_out.data(), .t = T,

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/shard.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
 #include "model/dsv4/kv_cache.h"
@@ -22,13 +23,21 @@ struct StepBatch {
 };
 
 struct Dsv4Model::Impl {
-  Config config;
+  Config config;       // the forward's view: with tensor parallelism, this rank's heads and output groups
+  Config full_config;  // the whole model's, returned by config()
   ModelOptions options;
   std::unique_ptr<ModelWeights> weights;
   std::unique_ptr<kernels::cpu::CpuOps> cpu;
   kernels::Ops* ops = nullptr;  // the backend every sublayer calls (the CPU one here)
   std::vector<std::vector<float>> inv_freq;  // per layer
   std::unique_ptr<KvCache> cache;
+  comm::Communicator* tp = nullptr;          // null for world 1
+  std::unique_ptr<comm::ShardLayout> shard;  // this rank's share; null for world 1
+  absl::Status tp_status;                    // first collective failure of the running forward
+
+  // Sums a partial [n] result over the group in place (no-op for world 1); keeps the first failure in tp_status
+  // (later collectives of a broken communicator fail at once, so the step just runs out).
+  void AllReduce(float* y, int64_t n);
 
   // Physical row id of a sequence's logical row in a pool (window: ring row p mod window).
   int32_t PhysicalRow(const SeqBlockTables& t, KvPool pool, int64_t logical_row) const;

@@ -15,7 +15,16 @@ void Head(Dsv4Model::Impl& m, const std::vector<float>& x, const std::vector<int
                  .norm_eps = static_cast<float>(c.rms_norm_eps), .hc_eps = static_cast<float>(c.hc_eps)});
   m.ops->RmsNorm({.x = h.data(), .w = w.norm.ptr(), .out = h.data(), .rows = R, .dim = D,
                   .eps = static_cast<float>(c.rms_norm_eps)});
-  m.ops->Linear({.x = h.data(), .w = w.head.ptr(), .y = logits, .t = R, .n = c.vocab_size, .k = D});
+  if (m.shard == nullptr) {
+    m.ops->Linear({.x = h.data(), .w = w.head.ptr(), .y = logits, .t = R, .n = c.vocab_size, .k = D});
+    return;
+  }
+  // Tensor parallel: this rank's vocabulary rows, then every rank gets the whole row (the leader samples).
+  const comm::Range v = m.shard->vocab;
+  std::vector<float> local(R * v.size);
+  m.ops->Linear({.x = h.data(), .w = w.head.ptr(), .y = local.data(), .t = R, .n = v.size, .k = D});
+  const absl::Status s = comm::GatherVocabLogits(*m.tp, *m.shard, local.data(), R, c.vocab_size, logits);
+  if (!s.ok() && m.tp_status.ok()) m.tp_status = s;
 }
 
 }  // namespace dsv4::model

@@ -8,6 +8,7 @@
 #include "model/checkpoint/checkpoint.h"
 #include "model/dsv4/forward.h"
 #include "model/dsv4/rope.h"
+#include "common/logging.h"
 
 namespace dsv4::model {
 namespace {
@@ -46,7 +47,7 @@ absl::Status CheckSupported(const Config& c, const ModelOptions& o) {
 
 Dsv4Model::Dsv4Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Dsv4Model::~Dsv4Model() = default;
-const Config& Dsv4Model::config() const { return impl_->config; }
+const Config& Dsv4Model::config() const { return impl_->full_config; }
 const ModelOptions& Dsv4Model::options() const { return impl_->options; }
 
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const std::string& dir, const ModelOptions& options) {
@@ -55,7 +56,23 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const std::string& di
   DSV4_RETURN_IF_ERROR(CheckSupported(impl->config, options));
   impl->options = options;
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::Checkpoint> ck, ckpt::Checkpoint::Open(dir));
-  DSV4_ASSIGN_OR_RETURN(impl->weights, LoadWeights(*ck, impl->config));
+  impl->full_config = impl->config;
+  if (options.tp_comm != nullptr && options.tp_comm->world() > 1) {
+    const comm::ShardSpec spec{options.tp_comm->rank(), options.tp_comm->world()};
+    DSV4_ASSIGN_OR_RETURN(comm::ShardLayout layout, comm::PlanShardLayout(impl->config, spec));
+    impl->shard = std::make_unique<comm::ShardLayout>(layout);
+    impl->tp = options.tp_comm;
+  }
+  DSV4_ASSIGN_OR_RETURN(impl->weights, LoadWeights(*ck, impl->config, impl->shard.get()));
+  if (impl->shard != nullptr) {
+    // The forward runs on this rank's heads and output groups only; everything else keeps the full config.
+    impl->config.num_attention_heads = impl->shard->heads.size;
+    impl->config.o_groups = impl->shard->groups.size;
+    DSV4_LOG_INFO("tensor parallel rank {} of {}: heads [{}, {}), experts [{}, {}), vocab [{}, {}); resident {} MiB",
+                  impl->shard->spec.rank, impl->shard->spec.world, impl->shard->heads.begin,
+                  impl->shard->heads.end(), impl->shard->experts.begin, impl->shard->experts.end(),
+                  impl->shard->vocab.begin, impl->shard->vocab.end(), comm::ResidentBytes() >> 20);
+  }
   impl->cpu = std::make_unique<kernels::cpu::CpuOps>(options.num_threads);
   impl->ops = impl->cpu.get();
   for (int l = 0; l < impl->config.num_hidden_layers; ++l)
@@ -90,6 +107,12 @@ absl::Status Dsv4Model::ResetState(int32_t slot) {
     return absl::InvalidArgumentError(absl::StrCat("state_slot ", slot, " out of [0, ", impl_->cache->slots(), ")"));
   impl_->cache->ResetSlot(slot);
   return absl::OkStatus();
+}
+
+void Dsv4Model::Impl::AllReduce(float* y, int64_t n) {
+  if (tp == nullptr) return;
+  const absl::Status s = tp->AllReduceSum(y, static_cast<size_t>(n));
+  if (!s.ok() && tp_status.ok()) tp_status = s;
 }
 
 int32_t Dsv4Model::Impl::PhysicalRow(const SeqBlockTables& t, KvPool pool, int64_t logical) const {
@@ -146,6 +169,7 @@ absl::Status ValidateChunks(const Dsv4Model::Impl& m, std::span<const SeqChunk> 
 absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, std::vector<float>* out,
                         float* out_ptr) {
   DSV4_RETURN_IF_ERROR(ValidateChunks(m, chunks));
+  m.tp_status = absl::OkStatus();
   const Config& c = m.config;
   StepBatch batch;
   std::vector<int64_t> rows;
@@ -173,7 +197,7 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
     out_ptr = out->data();
   }
   Head(m, x, rows, out_ptr);
-  return absl::OkStatus();
+  return m.tp_status;
 }
 
 }  // namespace

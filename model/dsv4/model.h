@@ -27,6 +27,10 @@
 #include "absl/status/statusor.h"
 #include "model/config/config.h"
 
+namespace dsv4::comm {
+class Communicator;
+}
+
 namespace dsv4::model {
 
 // kExact: fp32 everywhere, no quantisation simulation: what transformers' DeepseekV4ForCausalLM computes in fp32.
@@ -37,6 +41,10 @@ enum class NumericMode { kExact, kProduction };
 struct ModelOptions {
   NumericMode mode = NumericMode::kExact;
   int num_threads = 2;  // CPU worker threads used inside the big GEMVs
+  // Tensor parallelism (docs/tensor-parallel.md): this rank's communicator, or null for world 1. With world > 1
+  // the model loads only this rank's shard (heads, experts, shared-expert slice, vocabulary rows), the forward
+  // all-reduces after attention and after the MoE and gathers the logits; config() stays the full model's.
+  comm::Communicator* tp_comm = nullptr;
 };
 
 enum class KvPool { kWindow = 0, kCompressed4 = 1, kCompressed128 = 2, kIndexer = 3 };

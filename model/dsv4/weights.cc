@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/float_formats.h"
+#include "comm/shard.h"
 #include "common/status_macros.h"
 #include "model/checkpoint/weight_formats.h"
 
@@ -50,6 +51,13 @@ absl::StatusOr<Tensor> LoadLinear(const ckpt::Checkpoint& ck, const std::string&
   return Tensor{{n, k}, std::move(data)};
 }
 
+// Tensor parallelism: rows x columns of an [n, k] linear (this rank's shard), dequantised; reads only those bytes.
+absl::StatusOr<Tensor> LoadLinearShard(const ckpt::Checkpoint& ck, const std::string& base, int64_t n, int64_t k,
+                                       comm::Range rows, comm::Range cols) {
+  DSV4_ASSIGN_OR_RETURN(std::vector<float> data, comm::LoadLinearBlock(ck, base, n, k, rows, cols));
+  return Tensor{{rows.size, cols.size}, std::move(data)};
+}
+
 absl::StatusOr<CompressorWeights> LoadCompressor(const ckpt::Checkpoint& ck, const std::string& p, int ratio,
                                                  int64_t d, int64_t dim) {
   const int64_t cd = (ratio == 4 ? 2 : 1) * d;
@@ -61,16 +69,33 @@ absl::StatusOr<CompressorWeights> LoadCompressor(const ckpt::Checkpoint& ck, con
   return c;
 }
 
-absl::Status LoadAttention(const ckpt::Checkpoint& ck, const Config& c, const std::string& p, LayerWeights& l) {
+absl::Status LoadAttention(const ckpt::Checkpoint& ck, const Config& c, const std::string& p, LayerWeights& l,
+                           const comm::ShardLayout* shard) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, Dh = c.head_dim, G = c.o_groups;
   DSV4_ASSIGN_OR_RETURN(l.wq_a, LoadLinear(ck, p + "wq_a", c.q_lora_rank, D));
   DSV4_ASSIGN_OR_RETURN(l.q_norm, LoadPlain(ck, p + "q_norm.weight", {c.q_lora_rank}));
-  DSV4_ASSIGN_OR_RETURN(l.wq_b, LoadLinear(ck, p + "wq_b", H * Dh, c.q_lora_rank));
+  if (shard == nullptr) {
+    DSV4_ASSIGN_OR_RETURN(l.wq_b, LoadLinear(ck, p + "wq_b", H * Dh, c.q_lora_rank));
+  } else {  // this rank's heads
+    DSV4_ASSIGN_OR_RETURN(l.wq_b, LoadLinearShard(ck, p + "wq_b", H * Dh, c.q_lora_rank,
+                                                  {shard->heads.begin * Dh, shard->heads.size * Dh},
+                                                  {0, c.q_lora_rank}));
+  }
   DSV4_ASSIGN_OR_RETURN(l.wkv, LoadLinear(ck, p + "wkv", Dh, D));
   DSV4_ASSIGN_OR_RETURN(l.kv_norm, LoadPlain(ck, p + "kv_norm.weight", {Dh}));
-  DSV4_ASSIGN_OR_RETURN(l.wo_a, LoadLinear(ck, p + "wo_a", G * c.o_lora_rank, H * Dh / G));
-  DSV4_ASSIGN_OR_RETURN(l.wo_b, LoadLinear(ck, p + "wo_b", D, G * c.o_lora_rank));
   DSV4_ASSIGN_OR_RETURN(l.attn_sink, LoadPlain(ck, p + "attn_sink", {H}));
+  if (shard == nullptr) {
+    DSV4_ASSIGN_OR_RETURN(l.wo_a, LoadLinear(ck, p + "wo_a", G * c.o_lora_rank, H * Dh / G));
+    DSV4_ASSIGN_OR_RETURN(l.wo_b, LoadLinear(ck, p + "wo_b", D, G * c.o_lora_rank));
+  } else {  // this rank's groups (or its heads' columns of one group) of wo_a, those groups' columns of wo_b
+    const comm::Range group_rows{shard->groups.begin * c.o_lora_rank, shard->groups.size * c.o_lora_rank};
+    DSV4_ASSIGN_OR_RETURN(l.wo_a, LoadLinearShard(ck, p + "wo_a", G * c.o_lora_rank, H * Dh / G, group_rows,
+                                                  shard->group_cols));
+    DSV4_ASSIGN_OR_RETURN(l.wo_b, LoadLinearShard(ck, p + "wo_b", D, G * c.o_lora_rank, {0, D}, group_rows));
+    l.attn_sink = Tensor{{shard->heads.size},
+                         std::vector<float>(l.attn_sink.data.begin() + shard->heads.begin,
+                                            l.attn_sink.data.begin() + shard->heads.end())};
+  }
   if (l.ratio > 0) {
     DSV4_ASSIGN_OR_RETURN(l.compressor, LoadCompressor(ck, p + "compressor.", l.ratio, Dh, D));
   }
@@ -83,7 +108,8 @@ absl::Status LoadAttention(const ckpt::Checkpoint& ck, const Config& c, const st
   return absl::OkStatus();
 }
 
-absl::Status LoadFfn(const ckpt::Checkpoint& ck, const Config& c, const std::string& p, LayerWeights& l) {
+absl::Status LoadFfn(const ckpt::Checkpoint& ck, const Config& c, const std::string& p, LayerWeights& l,
+                     const comm::ShardLayout* shard) {
   const int64_t D = c.hidden_size, E = c.n_routed_experts, I = c.moe_intermediate_size, K = c.num_experts_per_tok;
   DSV4_ASSIGN_OR_RETURN(l.gate, LoadLinear(ck, p + "gate", E, D));
   if (l.hash) {
@@ -108,28 +134,42 @@ absl::Status LoadFfn(const ckpt::Checkpoint& ck, const Config& c, const std::str
   l.w2.resize(E);
   l.w3.resize(E);
   for (int64_t e = 0; e < E; ++e) {
+    // Expert parallel: another rank's expert stays empty (the MoE op skips it).
+    if (shard != nullptr && (e < shard->experts.begin || e >= shard->experts.end())) continue;
     const std::string x = absl::StrCat(p, "experts.", e, ".");
     DSV4_ASSIGN_OR_RETURN(l.w1[e], LoadLinear(ck, x + "w1", I, D));
     DSV4_ASSIGN_OR_RETURN(l.w3[e], LoadLinear(ck, x + "w3", I, D));
     DSV4_ASSIGN_OR_RETURN(l.w2[e], LoadLinear(ck, x + "w2", D, I));
   }
   const int64_t Is = I * c.n_shared_experts;
-  DSV4_ASSIGN_OR_RETURN(l.shared_w1, LoadLinear(ck, p + "shared_experts.w1", Is, D));
-  DSV4_ASSIGN_OR_RETURN(l.shared_w3, LoadLinear(ck, p + "shared_experts.w3", Is, D));
-  DSV4_ASSIGN_OR_RETURN(l.shared_w2, LoadLinear(ck, p + "shared_experts.w2", D, Is));
+  if (shard == nullptr) {
+    DSV4_ASSIGN_OR_RETURN(l.shared_w1, LoadLinear(ck, p + "shared_experts.w1", Is, D));
+    DSV4_ASSIGN_OR_RETURN(l.shared_w3, LoadLinear(ck, p + "shared_experts.w3", Is, D));
+    DSV4_ASSIGN_OR_RETURN(l.shared_w2, LoadLinear(ck, p + "shared_experts.w2", D, Is));
+  } else {  // this rank's intermediate slice: rows of w1/w3, columns of w2
+    const comm::Range r = shard->shared_inter;
+    DSV4_ASSIGN_OR_RETURN(l.shared_w1, LoadLinearShard(ck, p + "shared_experts.w1", Is, D, r, {0, D}));
+    DSV4_ASSIGN_OR_RETURN(l.shared_w3, LoadLinearShard(ck, p + "shared_experts.w3", Is, D, r, {0, D}));
+    DSV4_ASSIGN_OR_RETURN(l.shared_w2, LoadLinearShard(ck, p + "shared_experts.w2", D, Is, {0, D}, r));
+  }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ck, const Config& c) {
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ck, const Config& c,
+                                                          const comm::ShardLayout* shard) {
   if (c.n_shared_experts != 1) {
     return absl::InvalidArgumentError(absl::StrCat("n_shared_experts ", c.n_shared_experts, " unsupported (must be 1)"));
   }
   auto w = std::make_unique<ModelWeights>();
   const int64_t D = c.hidden_size, S = c.hc_mult, V = c.vocab_size;
   DSV4_ASSIGN_OR_RETURN(w->embed, LoadLinear(ck, "embed", V, D));
-  DSV4_ASSIGN_OR_RETURN(w->head, LoadLinear(ck, "head", V, D));
+  if (shard == nullptr) {
+    DSV4_ASSIGN_OR_RETURN(w->head, LoadLinear(ck, "head", V, D));
+  } else {  // this rank's vocabulary rows
+    DSV4_ASSIGN_OR_RETURN(w->head, LoadLinearShard(ck, "head", V, D, shard->vocab, {0, D}));
+  }
   DSV4_ASSIGN_OR_RETURN(w->norm, LoadPlain(ck, "norm.weight", {D}));
   DSV4_ASSIGN_OR_RETURN(w->hc_head_fn, LoadPlain(ck, "hc_head_fn", {S, S * D}));
   DSV4_ASSIGN_OR_RETURN(w->hc_head_base, LoadPlain(ck, "hc_head_base", {S}));
@@ -149,8 +189,8 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint
       DSV4_ASSIGN_OR_RETURN(*base, LoadPlain(ck, q + "base", {c.hc_mix_dim()}));
       DSV4_ASSIGN_OR_RETURN(*scale, LoadPlain(ck, q + "scale", {3}));
     }
-    DSV4_RETURN_IF_ERROR(LoadAttention(ck, c, p + "attn.", l));
-    DSV4_RETURN_IF_ERROR(LoadFfn(ck, c, p + "ffn.", l));
+    DSV4_RETURN_IF_ERROR(LoadAttention(ck, c, p + "attn.", l, shard));
+    DSV4_RETURN_IF_ERROR(LoadFfn(ck, c, p + "ffn.", l, shard));
   }
   return w;
 }

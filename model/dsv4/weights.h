@@ -11,6 +11,10 @@
 #include "model/checkpoint/checkpoint.h"
 #include "model/config/config.h"
 
+namespace dsv4::comm {
+struct ShardLayout;
+}
+
 namespace dsv4::model {
 
 struct Tensor {
@@ -60,6 +64,10 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;  // main layers only (MTP is not used by decode)
 };
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ckpt, const Config& config);
+// With a shard (tensor parallelism, comm/shard.h) only this rank's part is read and kept: wq_b rows and attn_sink
+// entries of its heads, its block of wo_a and columns of wo_b, its routed experts (the others stay empty), its
+// slice of the shared expert, its vocabulary rows of head. Shapes are then the local ones.
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ckpt, const Config& config,
+                                                          const comm::ShardLayout* shard = nullptr);
 
 }  // namespace dsv4::model
