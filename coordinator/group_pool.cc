@@ -164,9 +164,20 @@ void GroupPool::WatchLoop() {
   }
 }
 
+// One poll's answers from one group; lives on the watcher thread's stack while the RPCs run.
+struct GroupPool::Poll {
+  Group* group = nullptr;
+  grpc::ClientContext load_ctx, info_ctx;
+  dsv4::v1::GetLoadResponse load;
+  dsv4::v1::GetModelInfoResponse info;
+  grpc::Status load_status, info_status;
+  bool want_info = false;
+};
+
 void GroupPool::PollOnce() {
   const std::vector<std::string> addresses = ResolveTargets();
-  std::vector<Group*> to_poll;
+  std::vector<Poll> polls;
+  int calls = 0;
   {
     absl::MutexLock lock(&mu_);
     // Groups that vanished from DNS are dropped; in-flight streams keep their own stub reference.
@@ -175,84 +186,68 @@ void GroupPool::PollOnce() {
     });
     for (const std::string& a : addresses) {
       auto it = std::find_if(groups_.begin(), groups_.end(), [&](const auto& g) { return g->address == a; });
-      if (it == groups_.end()) {
-        auto g = std::make_unique<Group>();
-        g->address = a;
-        g->stub = MakeStub(a);
-        DSV4_LOG_INFO("coordinator: watching worker group {}", a);
-        groups_.push_back(std::move(g));
-      }
+      if (it != groups_.end()) continue;
+      auto g = std::make_unique<Group>();
+      g->address = a;
+      g->stub = MakeStub(a);
+      DSV4_LOG_INFO("coordinator: watching worker group {}", a);
+      groups_.push_back(std::move(g));
     }
-    for (auto& g : groups_) to_poll.push_back(g.get());
-  }
-  // Groups are only removed by this thread, so the raw pointers stay valid until the next PollOnce.
-  struct Poll {
-    grpc::ClientContext load_ctx, info_ctx;
-    dsv4::v1::GetLoadResponse load;
-    dsv4::v1::GetModelInfoResponse info;
-    grpc::Status load_status, info_status;
-    bool want_info = false;
-  };
-  std::vector<Poll> polls(to_poll.size());
-  const absl::Time started = absl::Now();
-  int calls = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (size_t i = 0; i < to_poll.size(); ++i) {
-      polls[i].want_info = !to_poll[i]->model.has_value();
+    polls = std::vector<Poll>(groups_.size());  // Poll holds ClientContexts: sized once, never moved after
+    for (size_t i = 0; i < groups_.size(); ++i) {
+      polls[i].group = groups_[i].get();  // only this thread removes groups, so the pointer stays valid
+      polls[i].want_info = !groups_[i]->model.has_value();
       calls += polls[i].want_info ? 2 : 1;
     }
   }
+  const absl::Time started = absl::Now();
   absl::BlockingCounter done(calls);
   const auto deadline = absl::ToChronoTime(started + options_.rpc_timeout);
   dsv4::v1::GetLoadRequest load_req;
   dsv4::v1::GetModelInfoRequest info_req;
-  for (size_t i = 0; i < to_poll.size(); ++i) {
-    Poll& p = polls[i];
+  for (Poll& p : polls) {
     p.load_ctx.set_deadline(deadline);
-    to_poll[i]->stub->async()->GetLoad(&p.load_ctx, &load_req, &p.load, [&p, &done](grpc::Status s) {
+    p.group->stub->async()->GetLoad(&p.load_ctx, &load_req, &p.load, [&p, &done](grpc::Status s) {
       p.load_status = std::move(s);
       done.DecrementCount();
     });
-    if (p.want_info) {
-      p.info_ctx.set_deadline(deadline);
-      to_poll[i]->stub->async()->GetModelInfo(&p.info_ctx, &info_req, &p.info, [&p, &done](grpc::Status s) {
-        p.info_status = std::move(s);
-        done.DecrementCount();
-      });
-    }
+    if (!p.want_info) continue;
+    p.info_ctx.set_deadline(deadline);
+    p.group->stub->async()->GetModelInfo(&p.info_ctx, &info_req, &p.info, [&p, &done](grpc::Status s) {
+      p.info_status = std::move(s);
+      done.DecrementCount();
+    });
   }
   done.Wait();
-
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < to_poll.size(); ++i) {
-    Group& g = *to_poll[i];
-    const Poll& p = polls[i];
-    if (started <= g.down_since) continue;  // this poll may predate the failure that marked it down
-    const bool was_ready = g.ready();
-    if (p.want_info && p.info_status.ok()) g.model = p.info;
-    g.answered = p.load_status.ok();
-    if (g.answered) {
-      g.load = p.load;
-      g.routed_since_poll = 0;
-      g.routed_since_poll_tokens = 0;
-    }
-    if (!g.answered) {
-      g.why = absl::StrCat("GetLoad: ", p.load_status.error_message());
-    } else if (!g.model.has_value()) {
-      g.why = absl::StrCat("GetModelInfo: ", p.info_status.error_message());
-    } else if (g.load.draining()) {
-      g.why = "draining";
-    } else {
-      g.why.clear();
-    }
-    if (was_ready != g.ready()) {
-      if (g.ready()) {
-        DSV4_LOG_INFO("coordinator: group {} is ready", g.address);
-      } else {
-        DSV4_LOG_WARN("coordinator: group {} is not ready: {}", g.address, g.why);
-      }
-    }
+  for (const Poll& p : polls) ApplyPollLocked(p, started);
+}
+
+void GroupPool::ApplyPollLocked(const Poll& p, absl::Time started) {
+  Group& g = *p.group;
+  if (started <= g.down_since) return;  // this poll may predate the failure that marked the group down
+  const bool was_ready = g.ready();
+  if (p.want_info && p.info_status.ok()) g.model = p.info;
+  g.answered = p.load_status.ok();
+  if (g.answered) {
+    g.load = p.load;
+    g.routed_since_poll = 0;
+    g.routed_since_poll_tokens = 0;
+  }
+  if (!g.answered) {
+    g.why = absl::StrCat("GetLoad: ", p.load_status.error_message());
+  } else if (!g.model.has_value()) {
+    g.why = absl::StrCat("GetModelInfo: ", p.info_status.error_message());
+  } else if (g.load.draining()) {
+    g.why = "draining";
+  } else {
+    g.why.clear();
+  }
+  if (was_ready == g.ready()) return;
+  if (g.ready()) {
+    DSV4_LOG_INFO("coordinator: group {} is ready", g.address);
+  } else {
+    DSV4_LOG_WARN("coordinator: group {} is not ready: {}", g.address, g.why);
   }
 }
 

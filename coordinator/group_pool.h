@@ -96,8 +96,10 @@ class GroupPool {
 
  private:
   struct Group;
+  struct Poll;
   void WatchLoop();
   void PollOnce();
+  void ApplyPollLocked(const Poll& poll, absl::Time started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> ResolveTargets();
   double Score(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Saturated(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

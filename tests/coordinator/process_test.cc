@@ -269,12 +269,17 @@ class RealWorkersTest : public ::testing::Test {
     return false;
   }
 
-  int RunningOn(const std::string& address) {
+  static dsv4::v1::GetLoadResponse LoadOf(const std::string& address) {
     auto stub = dsv4::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     dsv4::v1::GetLoadResponse load;
-    return stub->GetLoad(&ctx, {}, &load).ok() ? load.running() + load.waiting() : -1;
+    if (!stub->GetLoad(&ctx, {}, &load).ok()) load.set_running(-1);
+    return load;
+  }
+  static int RunningOn(const std::string& address) {
+    const dsv4::v1::GetLoadResponse load = LoadOf(address);
+    return load.running() < 0 ? -1 : load.running() + load.waiting();
   }
 
   // Streams `req`; after `kill_after` tokens, kill -9s the group serving it. Returns the stream.
@@ -352,6 +357,24 @@ TEST_F(RealWorkersTest, KillNineMidStreamContinuesSeamlessly) {
   }
   const std::string scrape = HttpGet(metrics, "/metrics");
   EXPECT_EQ(MetricValue(scrape, "dsv4_coordinator_failovers_total{"), 2) << scrape.substr(0, 3000);
+
+  // A client cancel reaches the worker: the request leaves it and every KV page comes back.
+  dsv4::v1::GenerateRequest long_req = MakeRequest({0, 9, 8, 7}, 3000);
+  long_req.mutable_sampling()->set_ignore_eos(true);
+  const StreamResult cancelled = RunGenerate(*stub, long_req, /*cancel_after=*/3);
+  EXPECT_EQ(cancelled.status.error_code(), grpc::StatusCode::CANCELLED);
+  for (int g = 0; g < 2; ++g) {
+    dsv4::v1::GetLoadResponse load;
+    for (const absl::Time end = absl::Now() + absl::Seconds(10); absl::Now() < end;
+         absl::SleepFor(absl::Milliseconds(20))) {
+      load = LoadOf(addresses_[g]);
+      if (load.running() + load.waiting() == 0 && load.kv_usage_ratio() == 0) break;
+    }
+    EXPECT_EQ(load.running() + load.waiting(), 0) << "group " << g;
+    EXPECT_EQ(load.kv_usage_ratio(), 0) << "group " << g;
+    EXPECT_FALSE(load.kv_pools().empty()) << "group " << g << " reports no KV pools";
+    for (const auto& pool : load.kv_pools()) EXPECT_EQ(pool.pages_used(), 0) << "group " << g << " " << pool.pool();
+  }
 
   coord->Signal(SIGTERM);
   std::optional<int> st = coord->Wait(absl::Seconds(15));
