@@ -2,11 +2,12 @@
 # One device call for issue 7 (see docs/gpu.md): GPU tests, the benchmark, optional sanitizer / ncu / SASS
 # passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling:
 #   STEPS="test bench" bash bench/sparse_mla/run_h200.sh
-# Steps: test, memcheck, racecheck, bench, bench_heads, ncu, ncu_stalls, sass.
+# Steps: test, memcheck, racecheck, bench, bench_heads, bench_w8 (the 8-warp kernel), bench_mtiles (wide
+# kernel with 16- / 32-head blocks at small batch), ncu, ncu_stalls, sass. BUNDLE: the bundle folder.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-B=.gpu/mla
+B=${BUNDLE:-.gpu/mla2}
 export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 STEPS=${STEPS:-"test bench"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
@@ -21,12 +22,17 @@ for step in $STEPS; do
     racecheck) timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
           --gtest_filter='*B1_H16_K128p256*:*B3_H16*' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
     bench) timeout 240 $B/bin/sparse_mla_bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "rc=$?"; cat "$OUT/bench.txt" ;;
+    bench_w8) timeout 120 $B/bin/sparse_mla_bench --warps=8 --kernels=mma --batches=1,32,128 --mma_peak=false \
+          --reps=50 > "$OUT/bench_w8.txt" 2>&1; echo "rc=$?"; tail -6 "$OUT/bench_w8.txt" ;;
+    bench_mtiles) for m in 1 2; do timeout 120 $B/bin/sparse_mla_bench --m_tiles=$m --kernels=mma \
+          --batches=${MT_BATCHES:-1,4,16,32} --mma_peak=false --reps=50 > "$OUT/bench_m$m.txt" 2>&1; echo "rc=$?"
+          tail -6 "$OUT/bench_m$m.txt"; done ;;
     bench_heads) for h in 16 128; do timeout 120 $B/bin/sparse_mla_bench --heads=$h --batches=1,32,128 --reps=50 \
           > "$OUT/bench_h$h.txt" 2>&1; echo "rc=$?"; tail -6 "$OUT/bench_h$h.txt"; done ;;
-    ncu) timeout 200 ncu --clock-control none --set full -k regex:SparseMlaMmaKernel -c 2 \
+    ncu) timeout 200 ncu --clock-control none --set full -k regex:SparseMlaMma -c 2 \
           $B/bin/sparse_mla_bench --batches=${NCU_BATCH:-128} --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu.txt" 2>&1
           echo "rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|L2 Hit|Bank" "$OUT/ncu.txt" | head -40 ;;
-    ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k regex:SparseMlaMmaKernel -c 1 \
+    ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k regex:SparseMlaMma -c 1 \
           --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed_pipe_tensor.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
           $B/bin/sparse_mla_bench --batches=$nb --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu_stalls_b$nb.txt" 2>&1
           echo "rc=$? B=$nb"; grep -E "stalled|tensor|inst_executed" "$OUT/ncu_stalls_b$nb.txt" | awk '$NF+0 > 0.05 || /tensor|inst_executed.sum/' | head -30; done ;;

@@ -2,10 +2,12 @@
 // replay of back-to-back attention launches), with input sets rotated so each replay reads far more than
 // the L2. Per shape: median of --reps replays (after warm-up), achieved GB/s and TFLOP/s, the HBM floor
 // (unique bytes over the measured device-to-device copy bandwidth) and the fraction of it reached, and the
-// MMA/SIMT speedup. Prints a markdown table for bench/RESULTS.md.
+// MMA/SIMT speedup, and the compute floor (FLOP over the measured mma.sync bf16 rate, mma_peak.cu) with the
+// fraction of it reached. Prints a markdown table for bench/RESULTS.md.
 //
 //   sparse_mla_bench [--heads=64] [--batches=1,2,4,8,16,32,64,128] [--window=128] [--extra=512] [--reps=100]
-//                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--pool_mb=200]
+//                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--warps=0] [--m_tiles=0]
+//                    [--pool_mb=200] [--mma_peak=true]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -22,6 +24,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/float_formats.h"
+#include "bench/sparse_mla/mma_peak.h"
 #include "kernels/sparse_mla/kv_row_format.h"
 #include "kernels/sparse_mla/sparse_mla_launch.h"
 
@@ -33,6 +36,9 @@ ABSL_FLAG(int, reps, 100, "timed graph replays per shape (median reported)");
 ABSL_FLAG(std::string, kernels, "mma,simt", "kernels to time");
 ABSL_FLAG(int, tile_rows, 0, "MMA tile rows override (0 = plan's choice)");
 ABSL_FLAG(int, splits, 0, "MMA split override (0 = plan's choice)");
+ABSL_FLAG(int, warps, 0, "MMA block width override: 16 (wide kernel) or 8 (0 = plan's choice)");
+ABSL_FLAG(int, m_tiles, 0, "MMA 16-head m-tiles per block override: 1, 2 or 4 (0 = plan's choice)");
+ABSL_FLAG(bool, mma_peak, true, "measure the mma.sync bf16 rate first (compute floor columns)");
 ABSL_FLAG(int, pool_mb, 200, "KV pool size in MB (rows rotated through; keep well above the L2)");
 
 namespace dsv4::kernels::sparse_mla {
@@ -180,7 +186,10 @@ SparseMlaParams SetParams(const InputSet& s, const KvPoolView& pool, int B, int 
 // Median seconds per attention launch: one graph holds one launch per input set, replayed `reps` times.
 double TimeKernel(SparseMlaKernel kernel, const std::vector<InputSet>& sets, const KvPoolView& pool, int B, int H,
                   int K_w, int K_e, int reps, SparseMlaPlan* plan_out) {
-  SparseMlaPlanOptions options{.tile_rows = absl::GetFlag(FLAGS_tile_rows), .num_splits = absl::GetFlag(FLAGS_splits)};
+  SparseMlaPlanOptions options{.tile_rows = absl::GetFlag(FLAGS_tile_rows),
+                               .num_splits = absl::GetFlag(FLAGS_splits),
+                               .warps = absl::GetFlag(FLAGS_warps),
+                               .m_tiles = absl::GetFlag(FLAGS_m_tiles)};
   auto plan = MakeSparseMlaPlan(kernel, B, H, K_w + K_e, options);
   if (!plan.ok()) {
     std::fprintf(stderr, "plan: %s\n", plan.status().ToString().c_str());
@@ -263,12 +272,15 @@ int Main() {
   const double copy_bw = CopyBandwidth();
   std::printf("GPU: %s, %d SMs, L2 %d MB; device-to-device copy %.0f GB/s (read + write)\n", prop.name,
               prop.multiProcessorCount, prop.l2CacheSize >> 20, copy_bw * 1e-9);
+  const double mma_peak = absl::GetFlag(FLAGS_mma_peak) ? MeasureMmaSyncPeak(/*verbose=*/true) : 0.0;
+  if (mma_peak > 0) std::printf("mma.sync bf16 ceiling: %.0f TFLOP/s\n", mma_peak * 1e-12);
   const int64_t pool_rows = static_cast<int64_t>(absl::GetFlag(FLAGS_pool_mb)) * 1000000 / kRowBytes;
   const KvPoolView pool = MakePool(pool_rows, 64);
   std::printf("H=%d, K=%d (%d window + %d compressed), pool %.0f MB, reps %d\n\n", H, K, K_w, K_e,
               pool.size_bytes() * 1e-6, reps);
-  std::printf("| B | sets | tile | splits | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | floor us | "
-              "floor/MMA | check |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("| B | sets | warps | m-tiles | splits | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | "
+              "HBM floor us | HBM floor/MMA | mma floor us | mma floor/MMA | check |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const int B : batches) {
     const int n_sets = static_cast<int>(std::clamp<int64_t>(pool.num_rows() / (int64_t{B} * K), 1, 512));
     std::vector<InputSet> sets = MakeSets(n_sets, B, H, K_w, K_e, pool.num_rows());
@@ -288,15 +300,18 @@ int Main() {
       if (run_simt) diff = OutputDiff(sets[0], simt_out, n_out);
     }
     const double floor = bytes / copy_bw;
-    std::printf("| %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.1e |\n", B, n_sets,
-                mma_plan.tile_rows, mma_plan.num_splits, t_mma * 1e6, t_simt * 1e6,
+    const double mma_floor = mma_peak > 0 ? flops / mma_peak : 0.0;
+    std::printf("| %d | %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
+                B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits, t_mma * 1e6, t_simt * 1e6,
                 t_mma > 0 ? t_simt / t_mma : 0.0, t_mma > 0 ? bytes / t_mma * 1e-9 : 0.0,
-                t_mma > 0 ? flops / t_mma * 1e-12 : 0.0, floor * 1e6, t_mma > 0 ? 100.0 * floor / t_mma : 0.0, diff);
+                t_mma > 0 ? flops / t_mma * 1e-12 : 0.0, floor * 1e6, t_mma > 0 ? 100.0 * floor / t_mma : 0.0,
+                mma_floor * 1e6, t_mma > 0 ? 100.0 * mma_floor / t_mma : 0.0, diff);
     std::fflush(stdout);
     FreeSets(sets);
   }
-  std::printf("\nbytes = q + out (bf16) + selected rows (584 B + 4 B index each) + lse; floor = bytes / copy "
-              "bandwidth; check = |out_mma - out_simt| / |out_simt| on set 0\n");
+  std::printf("\nbytes = q + out (bf16) + selected rows (584 B + 4 B index each) + lse; HBM floor = bytes / copy "
+              "bandwidth; mma floor = 4 B H K 512 FLOP / mma.sync ceiling; warps 16 = wide kernel (32-row tiles), "
+              "8 = 8-warp kernel; check = |out_mma - out_simt| / |out_simt| on set 0\n");
   return 0;
 }
 

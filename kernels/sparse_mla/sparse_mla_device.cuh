@@ -120,4 +120,23 @@ __device__ __forceinline__ int UsedEntries(int topk, const int32_t* lengths, int
   return min(max(__ldg(lengths + b), 0), topk);
 }
 
+// Per-block work range: the sequence's used entries (window then extra) cut into tiles, split evenly.
+struct BlockRange {
+  int ew;          // used window entries (positions [0, ew) are window, [ew, n) extra)
+  int n;           // used entries in all
+  int tile_begin;  // first tile of this split
+  int num_tiles;   // tiles of this split (may be 0)
+};
+template <int kTileRows>
+__device__ __forceinline__ BlockRange MakeRange(const SparseMlaParams& p, int b, int split, int num_splits) {
+  BlockRange r;
+  r.ew = UsedEntries(p.window.topk, p.window.lengths, b);
+  r.n = r.ew + UsedEntries(p.extra.topk, p.extra.lengths, b);
+  const int total = (r.n + kTileRows - 1) / kTileRows;
+  const int per_split = (total + num_splits - 1) / num_splits;
+  r.tile_begin = split * per_split;
+  r.num_tiles = max(0, min(total, r.tile_begin + per_split) - r.tile_begin);
+  return r;
+}
+
 }  // namespace dsv4::kernels::sparse_mla::device

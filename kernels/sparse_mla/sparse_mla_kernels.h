@@ -18,8 +18,14 @@ cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows);
 // Split-KV scratch: [B, H, splits, 512] f32 partial outputs + [B, H, splits] f32 running max (log2 units)
 // + [B, H, splits] f32 running sum.
 size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits);
-// Main kernel over (head group, split, sequence) and, when num_splits > 1, the LSE combine kernel.
-cudaError_t LaunchMmaDecode(const SparseMlaParams& p, int m_tiles, int tile_rows, int num_splits,
+// The wide (16-warp, 32-row tile) MMA kernel of sparse_mla_mma_wide.cu: dynamic shared memory (0 for an
+// unsupported m_tiles), the shared memory limit, and the main-kernel launch alone.
+int MmaWideSmemBytes(int m_tiles);
+cudaError_t PrepareMmaWideKernel(int m_tiles);
+cudaError_t LaunchMmaWideMain(const SparseMlaParams& p, int m_tiles, int num_splits, cudaStream_t stream);
+// Main kernel over (head group, split, sequence) -- the wide one when `wide`, else the 8-warp one with
+// tile_rows -- and, when num_splits > 1, the LSE combine kernel.
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, int m_tiles, int tile_rows, int num_splits,
                             cudaStream_t stream);
 // One block per (sequence, head), f32 on CUDA cores.
 cudaError_t LaunchSimtDecode(const SparseMlaParams& p, cudaStream_t stream);

@@ -50,16 +50,30 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   DSV4_RETURN_IF_ERROR(CudaStatus(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "shared memory"));
 
-  plan.m_tiles = std::min(num_heads / 16, 4);
+  plan.m_tiles = options.m_tiles != 0 ? options.m_tiles : std::min(num_heads / 16, 4);
+  if ((plan.m_tiles != 1 && plan.m_tiles != 2 && plan.m_tiles != 4) || 16 * plan.m_tiles > num_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("m_tiles is ", options.m_tiles, "; use 1, 2 or 4 with 16 * m_tiles <= num_heads"));
+  }
   plan.head_groups = num_heads / (16 * plan.m_tiles);
   if (options.tile_rows != 0 && options.tile_rows != 16 && options.tile_rows != 32) {
     return absl::InvalidArgumentError(absl::StrCat("tile_rows is ", options.tile_rows, "; use 16 or 32"));
   }
-  plan.tile_rows = options.tile_rows;
+  if (options.warps != 0 && options.warps != 8 && options.warps != 16) {
+    return absl::InvalidArgumentError(absl::StrCat("warps is ", options.warps, "; use 8 or 16"));
+  }
+  if (options.warps == 16 && options.tile_rows == 16) {
+    return absl::InvalidArgumentError("warps = 16 (the wide kernel) takes 32-row tiles only, not tile_rows = 16");
+  }
+  // The wide kernel wherever its shared memory fits (sm_90: 199 KB at G = 64); else the 8-warp kernel.
+  const bool wide_fits = internal::MmaWideSmemBytes(plan.m_tiles) <= smem_optin;
+  plan.warps = options.warps != 0 ? options.warps : (options.tile_rows != 16 && wide_fits ? 16 : 8);
+  plan.tile_rows = plan.warps == 16 ? 32 : options.tile_rows;
   if (plan.tile_rows == 0) {
     plan.tile_rows = internal::MmaSmemBytes(plan.m_tiles, 32) <= smem_optin ? 32 : 16;
   }
-  plan.smem_bytes = internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
+  plan.smem_bytes = plan.warps == 16 ? internal::MmaWideSmemBytes(plan.m_tiles)
+                                     : internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
   if (plan.smem_bytes > smem_optin) {
     return absl::FailedPreconditionError(absl::StrCat("the MMA kernel needs ", plan.smem_bytes,
                                                       " bytes of shared memory per block; this GPU allows ",
@@ -74,8 +88,9 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
     return absl::InvalidArgumentError(absl::StrCat("num_splits is ", plan.num_splits, ", at most 65535"));
   }
   plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits);
-  DSV4_RETURN_IF_ERROR(
-      CudaStatus(internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows), "cudaFuncSetAttribute"));
+  DSV4_RETURN_IF_ERROR(CudaStatus(plan.warps == 16 ? internal::PrepareMmaWideKernel(plan.m_tiles)
+                                                   : internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows),
+                                  "cudaFuncSetAttribute"));
   return plan;
 }
 
@@ -106,7 +121,8 @@ absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMl
                                                    " bytes (or is null or misaligned); this launch needs ",
                                                    need, " bytes, 16-byte aligned"));
   }
-  return CudaStatus(internal::LaunchMmaDecode(params, plan.m_tiles, plan.tile_rows, plan.num_splits, stream),
+  return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.m_tiles, plan.tile_rows,
+                                              plan.num_splits, stream),
                     "MMA sparse-MLA launch");
 }
 

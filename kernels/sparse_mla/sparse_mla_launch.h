@@ -27,6 +27,8 @@ std::string_view SparseMlaKernelName(SparseMlaKernel kernel);
 struct SparseMlaPlanOptions {
   int tile_rows = 0;   // 16 or 32 rows per pipeline step (automatic: 32 where shared memory allows)
   int num_splits = 0;  // split-KV blocks per (sequence, head group)
+  int warps = 0;       // MMA block width: 16 (wide kernel, 32-row tiles) or 8 (automatic: 16 where it fits)
+  int m_tiles = 0;     // 16-head m-tiles per block: 1, 2 or 4 (automatic: min(H / 16, 4))
 };
 
 struct SparseMlaPlan {
@@ -34,6 +36,7 @@ struct SparseMlaPlan {
   int max_batch = 0;        // B of the bucket; launches take any batch <= max_batch
   int num_heads = 0;        // H
   int max_topk = 0;         // window.topk + extra.topk the split count was chosen for
+  int warps = 0;            // MMA: 16 = wide kernel (sparse_mla_mma_wide.cu), 8 = 8-warp kernel
   int m_tiles = 0;          // MMA: 16-head m-tiles per block (1, 2 or 4)
   int head_groups = 0;      // MMA: blocks per sequence along heads (H / (16 * m_tiles))
   int tile_rows = 0;        // MMA: KV rows per pipeline step

@@ -1,4 +1,6 @@
-// Tensor-core sparse-MLA decode (bf16 mma.sync m16n8k16, f32 accumulate), design in docs/sparse-mla.md.
+// Tensor-core sparse-MLA decode (bf16 mma.sync m16n8k16, f32 accumulate), design in docs/sparse-mla.md:
+// the 8-warp kernel (any shared memory size: 16- or 32-row tiles; what sm_120 runs) and the split combine
+// kernel shared with the wide 16-warp kernel of sparse_mla_mma_wide.cu.
 //
 // One block = one sequence x one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one
 // split of the selected rows. The block streams its rows in tiles of kTileRows through a 3-stage cp.async
@@ -67,25 +69,6 @@ struct MmaConfig {
   static_assert(kRawStage % 16 == 0 && kOffSpart % 16 == 0 && kOffP % 16 == 0 && kOffAlpha % 16 == 0,
                 "16-byte alignment of shared regions");
 };
-
-// Per-block work range: the sequence's used entries (window then extra) cut into tiles, split evenly.
-struct BlockRange {
-  int ew;          // used window entries (positions [0, ew) are window, [ew, n) extra)
-  int n;           // used entries in all
-  int tile_begin;  // first tile of this split
-  int num_tiles;   // tiles of this split (may be 0)
-};
-template <int kTileRows>
-__device__ __forceinline__ BlockRange MakeRange(const SparseMlaParams& p, int b, int split, int num_splits) {
-  BlockRange r;
-  r.ew = UsedEntries(p.window.topk, p.window.lengths, b);
-  r.n = r.ew + UsedEntries(p.extra.topk, p.extra.lengths, b);
-  const int total = (r.n + kTileRows - 1) / kTileRows;
-  const int per_split = (total + num_splits - 1) / num_splits;
-  r.tile_begin = split * per_split;
-  r.num_tiles = max(0, min(total, r.tile_begin + per_split) - r.tile_begin);
-  return r;
-}
 
 template <int kMTiles, int kTileRows>
 __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMlaParams p, float scale_log2) {
@@ -506,11 +489,16 @@ size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 2) * sizeof(float);
 }
 
-cudaError_t LaunchMmaDecode(const SparseMlaParams& p, int m_tiles, int tile_rows, int num_splits,
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, int m_tiles, int tile_rows, int num_splits,
                             cudaStream_t stream) {
-  if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
-  cudaError_t err =
-      Dispatch(m_tiles, tile_rows, [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, num_splits, stream); });
+  cudaError_t err = cudaSuccess;
+  if (wide) {
+    err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
+  } else {
+    if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
+    err = Dispatch(m_tiles, tile_rows,
+                   [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, num_splits, stream); });
+  }
   if (err != cudaSuccess || num_splits == 1) return err;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
   SparseMlaCombineKernel<<<static_cast<unsigned>(rows), kKvDim / 4, 0, stream>>>(p, num_splits);

@@ -217,11 +217,27 @@ INSTANTIATE_TEST_SUITE_P(
               .seed = 114},
              {.tile_rows = 16}),
         Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 115}),
-        Case({.batch = 4, .heads = 64, .topk_window = 5, .topk_extra = 7, .page_rows_window = 1, .seed = 116})),
+        Case({.batch = 4, .heads = 64, .topk_window = 5, .topk_extra = 7, .page_rows_window = 1, .seed = 116}),
+        // The 8-warp kernel at 32-row tiles (the default is the wide kernel wherever it fits).
+        Case({.batch = 128, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 117},
+             {.warps = 8}),
+        Case({.batch = 3, .heads = 128, .topk_window = 128, .topk_extra = 256, .lengths = true, .extreme = true,
+              .seed = 118},
+             {.num_splits = 2, .warps = 8}),
+        // The wide kernel with 16- and 32-head blocks (more blocks per sequence at small batch).
+        Case({.batch = 4, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .extreme = true,
+              .seed = 119},
+             {.m_tiles = 1}),
+        Case({.batch = 16, .heads = 128, .topk_window = 64, .topk_extra = 448, .lengths = true, .holes = 0.1,
+              .empty_every = 5, .seed = 120},
+             {.num_splits = 3, .m_tiles = 2}),
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 121}, {.m_tiles = 1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
       if (info.param.options.num_splits) name += "_split" + std::to_string(info.param.options.num_splits);
+      if (info.param.options.warps) name += "_w" + std::to_string(info.param.options.warps);
+      if (info.param.options.m_tiles) name += "_m" + std::to_string(info.param.options.m_tiles);
       return name;
     });
 
@@ -288,6 +304,14 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
   p.num_heads = 48;
   expect_invalid(p, "num_heads");
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.tile_rows = 24}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.warps = 12}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.tile_rows = 16, .warps = 16}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.m_tiles = 3}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.m_tiles = 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
