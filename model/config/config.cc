@@ -13,7 +13,6 @@
 namespace dsv4 {
 namespace {
 
-using config_internal::Describe;
 using config_internal::FieldReader;
 using config_internal::Json;
 using config_internal::ParseLayerSchedule;
