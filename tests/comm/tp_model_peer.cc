@@ -6,6 +6,12 @@
 // (chunked prefill of the prompt, then max_new decode steps) in lock-step; rank 0 writes PREFIX.logits.npy (every
 // position's logits) and PREFIX.tokens (the generated ids) for the test to compare across world sizes.
 // World 1 runs without a communicator (the unsharded model). Exit codes: 0 ok, 2 bad input, 3 failure.
+//
+// --lockstep: the way a worker group runs. Rank 0 drives the model through a worker::ModelExecutor wrapped in a
+// LockstepLeader (every call broadcast as a StepPlan); the other ranks only run RunFollower. Rank 0 writes the
+// last-token logits of each step (prefill chunk ends, then each decode step) and PREFIX.positions with their
+// positions.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -15,6 +21,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "comm/gloo_communicator.h"
+#include "comm/lockstep.h"
 #include "comm/shard.h"
 #include "common/logging.h"
 #include "model/dsv4/model.h"
@@ -29,8 +36,94 @@ ABSL_FLAG(std::string, prompt, "", "file of whitespace-separated prompt token id
 ABSL_FLAG(int, max_new, 8, "greedy tokens to generate");
 ABSL_FLAG(int, prefill_chunk, 64, "prefill chunk size");
 ABSL_FLAG(std::string, out, "", "output prefix (rank 0)");
+ABSL_FLAG(bool, lockstep, false, "rank 0 drives a LockstepLeader, the others RunFollower");
 
 namespace {
+
+using dsv4::worker::BlockTables;
+using dsv4::worker::SeqChunk;
+
+// The worker's executor interface over Dsv4Model (what worker/dsv4_executor.cc does), for the lock-step run.
+class ModelAdapter final : public dsv4::worker::ModelExecutor {
+ public:
+  explicit ModelAdapter(dsv4::model::Dsv4Model* m) : m_(m) { info_.vocab_size = static_cast<int>(m->config().vocab_size); }
+  const dsv4::worker::ModelInfo& info() const override { return info_; }
+  int64_t PageBytes(dsv4::worker::Pool p, int rows) const override {
+    return m_->PageBytes(static_cast<dsv4::model::KvPool>(p), rows);
+  }
+  int64_t RowsNeeded(dsv4::worker::Pool p, int64_t n) const override {
+    return dsv4::model::Dsv4Model::RowsNeeded(m_->config(), static_cast<dsv4::model::KvPool>(p), n);
+  }
+  absl::Status AllocateCache(const std::array<int64_t, 4>& pages, int rows, int slots) override {
+    return m_->AllocateCache(pages, rows, slots);
+  }
+  absl::Status ResetState(int32_t slot) override { return m_->ResetState(slot); }
+  absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override {
+    tables_.resize(chunks.size());
+    mc_.resize(chunks.size());
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      tables_[i].pages = chunks[i].tables->pages;
+      tables_[i].state_slot = chunks[i].tables->state_slot;
+      mc_[i] = {.tables = &tables_[i], .tokens = chunks[i].tokens, .start_pos = chunks[i].start_pos};
+    }
+    return m_->Forward(mc_, logits);
+  }
+
+ private:
+  dsv4::model::Dsv4Model* m_;
+  dsv4::worker::ModelInfo info_;
+  std::vector<dsv4::model::SeqBlockTables> tables_;
+  std::vector<dsv4::model::SeqChunk> mc_;
+};
+
+// Rank 0 of a lock-step group: greedy generation through the executor interface only.
+int LeadLockstep(dsv4::comm::Communicator* comm, dsv4::model::Dsv4Model* model, const std::vector<int32_t>& prompt,
+                 int max_new, int chunk, const std::string& out) {
+  dsv4::comm::LockstepLeader lead(std::make_unique<ModelAdapter>(model), comm, {});
+  const int page_rows = 64, V = lead.info().vocab_size;
+  const int64_t max_len = static_cast<int64_t>(prompt.size()) + max_new;
+  BlockTables tables;
+  tables.state_slot = 0;
+  std::array<int64_t, 4> pages{};
+  for (int p = 0; p < 4; ++p) {
+    pages[p] = (lead.RowsNeeded(static_cast<dsv4::worker::Pool>(p), max_len) + page_rows - 1) / page_rows;
+    for (int64_t k = 0; k < pages[p]; ++k) tables.pages[p].push_back(static_cast<int32_t>(pages[p] - 1 - k));
+  }
+  std::vector<float> logits(V), rows;
+  std::vector<int64_t> positions;
+  std::vector<int32_t> seq = prompt, generated;
+  auto step = [&](int32_t start, size_t n) {
+    const SeqChunk c{.tables = &tables, .tokens = std::span<const int32_t>(seq).subspan(start, n), .start_pos = start};
+    const absl::Status s = lead.Forward({&c, 1}, logits.data());
+    rows.insert(rows.end(), logits.begin(), logits.end());
+    positions.push_back(start + static_cast<int64_t>(n) - 1);
+    return s;
+  };
+  absl::Status s = lead.AllocateCache(pages, page_rows, 1);
+  if (s.ok()) s = lead.ResetState(0);
+  for (size_t start = 0; s.ok() && start < prompt.size(); start += chunk) {
+    s = step(static_cast<int32_t>(start), std::min<size_t>(chunk, prompt.size() - start));
+  }
+  for (int i = 0; s.ok() && i < max_new; ++i) {
+    const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    generated.push_back(next);
+    seq.push_back(next);
+    s = step(static_cast<int32_t>(seq.size() - 1), 1);
+  }
+  if (!s.ok()) {
+    std::printf("rank 0 LOCKSTEP ERROR: %s\n", s.ToString().c_str());
+    return 3;
+  }
+  if (auto w = dsv4::npy::WriteF32(out + ".logits.npy", rows.data(), {static_cast<int64_t>(positions.size()), V});
+      !w.ok()) {
+    return 3;
+  }
+  std::ofstream t(out + ".tokens"), p(out + ".positions");
+  for (int32_t id : generated) t << id << " ";
+  for (int64_t pos : positions) p << pos << " ";
+  std::printf("rank 0 led %zu lock-step forwards\n", positions.size());
+  return 0;
+}
 
 int Run() {
   const int rank = absl::GetFlag(FLAGS_rank), world = absl::GetFlag(FLAGS_world);
@@ -64,6 +157,16 @@ int Run() {
   std::printf("rank %d of %d loaded: resident %lld MiB\n", rank, world,
               static_cast<long long>(dsv4::comm::ResidentBytes() >> 20));
   const int max_new = absl::GetFlag(FLAGS_max_new);
+  if (absl::GetFlag(FLAGS_lockstep) && world > 1) {
+    if (rank == 0) {
+      return LeadLockstep(comm.get(), model->get(), prompt, max_new, absl::GetFlag(FLAGS_prefill_chunk),
+                          absl::GetFlag(FLAGS_out));
+    }
+    ModelAdapter adapter(model->get());
+    const absl::Status s = dsv4::comm::RunFollower(*comm, adapter);
+    std::printf("rank %d follower: %s\n", rank, s.ToString().c_str());
+    return s.ok() ? 0 : 3;
+  }
   auto plan = dsv4::generate::AllocateSequences(**model, 1, static_cast<int64_t>(prompt.size()) + max_new);
   if (!plan.ok()) {
     std::printf("rank %d ALLOCATE ERROR: %s\n", rank, plan.status().ToString().c_str());

@@ -31,6 +31,7 @@ struct RunResult {
   std::vector<float> logits;  // [rows, vocab]
   int64_t rows = 0, vocab = 0;
   std::string tokens;
+  std::vector<int64_t> positions;  // lock-step runs: the position of each logits row
 };
 
 class TpModelTest : public ::testing::Test {
@@ -65,16 +66,16 @@ class TpModelTest : public ::testing::Test {
     return path;
   }
 
-  static RunResult RunWorld(int world, const std::string& prompt, int max_new) {
+  static RunResult RunWorld(int world, const std::string& prompt, int max_new, bool lockstep = false) {
     auto server = TcpStoreServer::Start("127.0.0.1", 0);
     EXPECT_TRUE(server.ok());
-    const std::string out = absl::StrCat(*dir_, "/world", world);
+    const std::string out = absl::StrCat(*dir_, "/world", world, lockstep ? "-lockstep" : "");
     std::vector<Subprocess> peers;
     for (int r = 0; r < world; ++r) {
       peers.push_back(Subprocess::Start(
           {DSV4_TP_MODEL_PEER, absl::StrCat("--rank=", r), absl::StrCat("--world=", world),
            "--store=" + (*server)->Address(), "--checkpoint=" + *dir_ + "/ckpt", "--prompt=" + prompt,
-           absl::StrCat("--max_new=", max_new), "--out=" + out},
+           absl::StrCat("--max_new=", max_new), "--out=" + out, lockstep ? "--lockstep" : "--nolockstep"},
           absl::StrCat(out, ".rank", r, ".log")));
     }
     for (int r = 0; r < world; ++r) {
@@ -93,6 +94,8 @@ class TpModelTest : public ::testing::Test {
     }
     std::ifstream t(out + ".tokens");
     std::getline(t, res.tokens);
+    std::ifstream p(out + ".positions");
+    for (int64_t pos; p >> pos;) res.positions.push_back(pos);
     return res;
   }
 
@@ -130,6 +133,39 @@ TEST_F(TpModelTest, World2And4MatchWorld1OnAGoldenPrompt) {
   const RunResult one = RunWorld(1, prompt, 8);
   ASSERT_GT(one.rows, 320);
   for (int world : {2, 4}) ExpectSameAsWorld1(one, RunWorld(world, prompt, 8), world);
+}
+
+}  // namespace
+}  // namespace dsv4::comm
+
+namespace dsv4::comm {
+namespace {
+
+// The deployment path: rank 0 drives the sharded model through LockstepLeader (every call a broadcast StepPlan),
+// ranks 1..3 only replay plans in RunFollower. Same tokens, same logits at every step's last position.
+TEST_F(TpModelTest, LockstepWorld4MatchesWorld1) {
+  const std::string prompt = PromptFile(1);
+  const RunResult one = RunWorld(1, prompt, 8);
+  const RunResult tp = RunWorld(4, prompt, 8, /*lockstep=*/true);
+  EXPECT_EQ(tp.tokens, one.tokens);
+  ASSERT_EQ(static_cast<int64_t>(tp.positions.size()), tp.rows);
+  ASSERT_GT(tp.rows, 8);
+  double worst = 0;
+  for (int64_t i = 0; i < tp.rows; ++i) {
+    const int64_t pos = tp.positions[i];
+    ASSERT_LT(pos, one.rows);
+    double num = 0, den = 0;
+    for (int64_t v = 0; v < one.vocab; ++v) {
+      const double a = tp.logits[i * one.vocab + v], b = one.logits[pos * one.vocab + v];
+      ASSERT_FALSE(std::isnan(a));
+      num += (a - b) * (a - b);
+      den += b * b;
+    }
+    worst = std::max(worst, std::sqrt(num / den));
+  }
+  std::printf("lock-step world 4 vs world 1: %lld steps, worst relative logit error %.3e\n",
+              static_cast<long long>(tp.rows), worst);
+  EXPECT_LE(worst, 1e-4);
 }
 
 }  // namespace
