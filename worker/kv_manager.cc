@@ -81,15 +81,14 @@ absl::StatusOr<KvSizing> PlanKvSizing(const ModelExecutor& ex, const KvSizingReq
   for (int p = 0; p < kNumPools; ++p) s.page_bytes[p] = ex.PageBytes(static_cast<Pool>(p), r.page_rows);
   const std::array<int64_t, kNumPools> one = PagesForWith(ex, s, r.max_context);
   std::array<int64_t, kNumPools> all{};
-  int64_t one_bytes = 0, all_bytes = 0;
-  for (int p = 0; p < kNumPools; ++p) {
-    all[p] = one[p] * r.max_batch;
-    one_bytes += one[p] * s.page_bytes[p];
-    all_bytes += all[p] * s.page_bytes[p];
-  }
+  for (int p = 0; p < kNumPools; ++p) all[p] = one[p] * r.max_batch;
+  // Every running request holds exactly one window ring, from its first token to its end: size that pool for
+  // max_batch rings, so page pressure (and preemption) only ever comes from the growing pools.
+  const int kWindow = static_cast<int>(Pool::kWindow);
+  s.pages[kWindow] = all[kWindow];
   if (r.kv_pages > 0) {
     for (int p = 0; p < kNumPools; ++p) {
-      if (s.page_bytes[p] == 0) continue;
+      if (s.page_bytes[p] == 0 || p == kWindow) continue;
       if (r.kv_pages < one[p]) {
         return absl::InvalidArgumentError(absl::StrCat("--kv-pages ", r.kv_pages, " is less than the ", one[p],
                                                        " pages the ", kPoolNames[p],
@@ -104,17 +103,26 @@ absl::StatusOr<KvSizing> PlanKvSizing(const ModelExecutor& ex, const KvSizingReq
     return absl::InvalidArgumentError(
         absl::StrCat("--mem-fraction ", r.mem_fraction, " must lie in (0, 1] when --kv-pages is 0"));
   }
-  const double budget = r.mem_fraction * static_cast<double>(r.available_bytes);
-  if (budget < static_cast<double>(one_bytes)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--mem-fraction %g gives %.1f MiB for KV pools, less than the %.1f MiB one request of --max-context %d "
-        "needs",
-        r.mem_fraction, budget / 1048576.0, one_bytes / 1048576.0, r.max_context));
-  }
-  // Scale every pool by the same factor, so the pools run out at about the same load.
-  const double scale = all_bytes > 0 ? std::min(1.0, budget / static_cast<double>(all_bytes)) : 1.0;
+  int64_t one_growing = 0, all_growing = 0;
   for (int p = 0; p < kNumPools; ++p) {
-    s.pages[p] = std::max(one[p], static_cast<int64_t>(static_cast<double>(all[p]) * scale));
+    if (p == kWindow) continue;
+    one_growing += one[p] * s.page_bytes[p];
+    all_growing += all[p] * s.page_bytes[p];
+  }
+  const double window_bytes = static_cast<double>(all[kWindow] * s.page_bytes[kWindow]);
+  const double budget = r.mem_fraction * static_cast<double>(r.available_bytes);
+  if (budget < window_bytes + static_cast<double>(one_growing)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--mem-fraction %g gives %.1f MiB for KV pools, less than the %.1f MiB that --max-batch %d windows plus "
+        "one request of --max-context %d need",
+        r.mem_fraction, budget / 1048576.0, (window_bytes + one_growing) / 1048576.0, r.max_batch,
+        r.max_context));
+  }
+  // Scale every growing pool by the same factor, so they run out at about the same load.
+  const double scale =
+      all_growing > 0 ? std::min(1.0, (budget - window_bytes) / static_cast<double>(all_growing)) : 1.0;
+  for (int p = 0; p < kNumPools; ++p) {
+    if (p != kWindow) s.pages[p] = std::max(one[p], static_cast<int64_t>(static_cast<double>(all[p]) * scale));
   }
   return s;
 }

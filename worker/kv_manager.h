@@ -48,7 +48,9 @@ struct KvSizingRequest {
   int page_rows = 64;
   int max_batch = 32;
   int64_t max_context = 4096;
-  int64_t kv_pages = 0;          // > 0: this many pages per pool (capped at what max_batch full requests use)
+  // > 0: pages in each growing pool (compressed4, compressed128, indexer), capped at what max_batch requests of
+  // max_context use. The window pool always holds max_batch rings.
+  int64_t kv_pages = 0;
   double mem_fraction = 0;       // used when kv_pages == 0: share of available_bytes for all pools
   int64_t available_bytes = 0;   // memory the pools may take from (free host or device memory)
 };

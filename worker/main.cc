@@ -1,7 +1,7 @@
 // dsv4-worker: one worker process (rank 0 of a group of world 1 for now) serving dsv4.v1.Worker over gRPC.
 //
-//   dsv4-worker --checkpoint DIR --listen 127.0.0.1:0 --backend cpu --max-batch 32 --max-context 4096 \
-//     --kv-pages N --prefill-chunk 256 --mode exact --group G --rank 0 --world 1 \
+//   dsv4-worker --checkpoint DIR --listen 127.0.0.1:0 --backend cpu --max-batch 32 --max-context 4096
+//     --kv-pages N --prefill-chunk 256 --mode exact --group G --rank 0 --world 1
 //     --metrics-listen 127.0.0.1:0 --ready-file PATH --drain-timeout 30
 //
 // Start-up: flags -> options check -> load weights -> size and allocate KV pools -> start the engine -> start
@@ -13,6 +13,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <vector>
+#include <algorithm>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -204,7 +206,20 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   absl::SetProgramUsageMessage("dsv4-worker: DeepSeek-V4 decode worker (see docs/worker.md)");
-  absl::ParseCommandLine(argc, argv);
+  // The documented spelling is --max-batch; absl flag names are identifiers, so '-' in a name becomes '_'.
+  std::vector<std::string> args(argv, argv + argc);
+  std::vector<char*> argp;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string& a = args[i];
+    if (i > 0 && a.rfind("--", 0) == 0) {
+      const size_t end = std::min(a.find('='), a.size());
+      for (size_t j = 2; j < end; ++j) {
+        if (a[j] == '-') a[j] = '_';
+      }
+    }
+    argp.push_back(a.data());
+  }
+  absl::ParseCommandLine(static_cast<int>(argp.size()), argp.data());
   const dsv4::worker::WorkerOptions options = dsv4::worker::OptionsFromFlags();
   if (absl::Status s = dsv4::worker::ValidateOptions(options); !s.ok()) return dsv4::worker::Fail(s);
   dsv4::InitLogging("worker", options.rank, options.log_level);

@@ -1,0 +1,298 @@
+// The real dsv4-worker process on a loopback port with the tiny checkpoint made at test time: greedy tokens
+// equal dsv4-generate's (alone and with 16 requests in flight), seeded sampling repeats, cancel frees pages,
+// a burst needing more pages than exist completes, every bad input gets its status, SIGTERM drains.
+#include <signal.h>
+
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "dsv4/v1/worker.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/worker/process_util.h"
+
+namespace dsv4::worker::testing {
+namespace {
+
+using dsv4::v1::GenerateRequest;
+using dsv4::v1::GenerateResponse;
+
+struct Stream {
+  std::vector<int32_t> tokens;
+  GenerateResponse last;
+  grpc::Status status;
+};
+
+class WorkerProcessTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (BinaryPath("worker/dsv4-worker").empty()) return;
+    dir_ = new std::string(::testing::TempDir() + "/worker_it_" + std::to_string(getpid()));
+    std::filesystem::create_directories(*dir_);
+    checkpoint_ = new std::string(*dir_ + "/tiny");
+    const char* src = std::getenv("DSV4_SOURCE_DIR");
+    auto made = RunAndCapture({BinaryPath("tools/make_checkpoint/dsv4-make-checkpoint"), "--config",
+                               std::string(src ? src : ".") + "/configs/tiny.json", "--seed", "1", "--out",
+                               *checkpoint_},
+                              120);
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::string address;
+    auto worker = StartWorker(*dir_, {"--checkpoint=" + *checkpoint_, "--listen=127.0.0.1:0", "--max-batch=32",
+                                      "--max-context=4096", "--prefill-chunk=256", "--threads=2"},
+                              &address);
+    ASSERT_TRUE(worker.ok()) << worker.status();
+    worker_ = new ChildProcess(std::move(*worker));
+    stub_ = dsv4::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials())).release();
+  }
+  static void TearDownTestSuite() {
+    delete stub_;
+    delete worker_;
+  }
+  void SetUp() override {
+    if (stub_ == nullptr) GTEST_SKIP() << "DSV4_BINARY_DIR unset or worker not started";
+  }
+
+  static GenerateRequest Request(std::vector<int32_t> prompt, int max_new, float temperature = 0, uint64_t seed = 0) {
+    GenerateRequest r;
+    for (int32_t t : prompt) r.add_prompt_token_ids(t);
+    r.mutable_sampling()->set_max_new_tokens(max_new);
+    r.mutable_sampling()->set_ignore_eos(true);  // dsv4-generate does not stop at eos either
+    if (temperature > 0) {
+      r.mutable_sampling()->set_temperature(temperature);
+      r.mutable_sampling()->set_top_p(0.95f);
+      r.mutable_sampling()->set_seed(seed);
+    }
+    return r;
+  }
+
+  static Stream Generate(dsv4::v1::Worker::Stub* stub, const GenerateRequest& r) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
+    auto reader = stub->Generate(&ctx, r);
+    Stream s;
+    GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      for (int32_t t : msg.token_ids()) s.tokens.push_back(t);
+      s.last = msg;
+    }
+    s.status = reader->Finish();
+    return s;
+  }
+
+  static std::vector<Stream> GenerateAll(dsv4::v1::Worker::Stub* stub, const std::vector<GenerateRequest>& reqs) {
+    std::vector<Stream> out(reqs.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { out[i] = Generate(stub, reqs[i]); });
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  // dsv4-generate's greedy tokens: the reference.
+  static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) {
+    auto out = RunAndCapture({BinaryPath("tools/generate/dsv4-generate"), "--checkpoint", *checkpoint_,
+                              "--prompt-ids", absl::StrJoin(prompt, ","), "--max-new-tokens",
+                              std::to_string(max_new)},
+                             300);
+    EXPECT_TRUE(out.ok()) << out.status();
+    std::vector<int32_t> tokens;
+    for (absl::string_view line : absl::StrSplit(out.value_or(""), '\n')) {
+      if (!absl::ConsumePrefix(&line, "generated: ")) continue;
+      for (absl::string_view t : absl::StrSplit(line, ',', absl::SkipEmpty())) {
+        int32_t v = 0;
+        EXPECT_TRUE(absl::SimpleAtoi(t, &v)) << t;
+        tokens.push_back(v);
+      }
+    }
+    return tokens;
+  }
+
+  static std::vector<int32_t> Prompt(int n, int salt) {
+    std::vector<int32_t> p(n);
+    for (int i = 0; i < n; ++i) p[i] = 2 + (i * 131 + salt * 977 + (i * i) % 13) % 4000;
+    return p;
+  }
+
+  static int64_t PagesUsed(dsv4::v1::Worker::Stub* stub) {
+    grpc::ClientContext ctx;
+    dsv4::v1::GetLoadResponse load;
+    EXPECT_TRUE(stub->GetLoad(&ctx, {}, &load).ok());
+    int64_t used = 0;
+    for (const auto& p : load.kv_pools()) used += p.pages_used();
+    return used;
+  }
+
+  static bool WaitPagesFree(dsv4::v1::Worker::Stub* stub) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (PagesUsed(stub) != 0) {
+      if (absl::Now() > deadline) return false;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return true;
+  }
+
+  static std::string* dir_;
+  static std::string* checkpoint_;
+  static ChildProcess* worker_;
+  static dsv4::v1::Worker::Stub* stub_;
+};
+
+std::string* WorkerProcessTest::dir_ = nullptr;
+std::string* WorkerProcessTest::checkpoint_ = nullptr;
+ChildProcess* WorkerProcessTest::worker_ = nullptr;
+dsv4::v1::Worker::Stub* WorkerProcessTest::stub_ = nullptr;
+
+TEST_F(WorkerProcessTest, ModelInfo) {
+  grpc::ClientContext ctx;
+  dsv4::v1::GetModelInfoResponse info;
+  ASSERT_TRUE(stub_->GetModelInfo(&ctx, {}, &info).ok());
+  EXPECT_EQ(info.vocab_size(), 4096);
+  EXPECT_EQ(info.max_context(), 4096);
+  EXPECT_EQ(info.eos_token_id(), 1);
+}
+
+TEST_F(WorkerProcessTest, GreedyEqualsGenerate) {
+  for (int n : {1, 33, 140}) {  // 140 crosses the 128-token window and a ratio-128 row
+    const auto prompt = Prompt(n, n);
+    const Stream s = Generate(stub_, Request(prompt, 10));
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+    EXPECT_EQ(s.tokens, Reference(prompt, 10)) << "prompt length " << n;
+    EXPECT_EQ(s.last.finish_reason(), dsv4::v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(s.last.usage().completion_tokens(), 10);
+    EXPECT_EQ(s.last.usage().prompt_tokens(), n);
+  }
+  EXPECT_TRUE(WaitPagesFree(stub_));
+}
+
+TEST_F(WorkerProcessTest, SixteenInFlightEqualGenerate) {
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 16; ++i) reqs.push_back(Request(Prompt(2 + 5 * i, 100 + i), 4 + i % 5));
+  const std::vector<Stream> got = GenerateAll(stub_, reqs);
+  for (int i = 0; i < 16; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, Reference(Prompt(2 + 5 * i, 100 + i), 4 + i % 5)) << "request " << i;
+  }
+  EXPECT_TRUE(WaitPagesFree(stub_));
+}
+
+TEST_F(WorkerProcessTest, SeededSamplingRepeats) {
+  const GenerateRequest r = Request(Prompt(12, 7), 16, 0.9f, 424242);
+  const Stream alone = Generate(stub_, r);
+  ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
+  EXPECT_EQ(alone.last.usage().seed(), 424242u);
+  // Same request again among others: batching must not change it.
+  const auto batch = GenerateAll(stub_, {Request(Prompt(20, 1), 8, 0.7f, 1), r, Request(Prompt(5, 2), 12)});
+  EXPECT_EQ(batch[1].tokens, alone.tokens);
+  EXPECT_EQ(alone.tokens.size(), 16u);
+}
+
+TEST_F(WorkerProcessTest, CancelMidStreamFreesPages) {
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, Request(Prompt(20, 3), 3000));
+  GenerateResponse msg;
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(reader->Read(&msg));
+  EXPECT_GT(PagesUsed(stub_), 0);
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(WaitPagesFree(stub_));
+}
+
+TEST_F(WorkerProcessTest, BadInputsGetNamedStatuses) {
+  struct Case {
+    std::string what;
+    std::function<void(GenerateRequest*)> mutate;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"empty prompt", [](GenerateRequest* r) { r->clear_prompt_token_ids(); }, "prompt_token_ids is empty"},
+      {"token >= vocab", [](GenerateRequest* r) { r->add_prompt_token_ids(4096); }, "[0, 4096)"},
+      {"context", [](GenerateRequest* r) { r->mutable_sampling()->set_max_new_tokens(4095); }, "max context 4096"},
+      {"temperature", [](GenerateRequest* r) { r->mutable_sampling()->set_temperature(-1); }, "sampling.temperature"},
+      {"top_p", [](GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); }, "sampling.top_p"},
+      {"top_k", [](GenerateRequest* r) { r->mutable_sampling()->set_top_k(-2); }, "sampling.top_k"},
+  };
+  for (const Case& c : cases) {
+    GenerateRequest r = Request({5, 6, 7}, 4);
+    c.mutate(&r);
+    const Stream s = Generate(stub_, r);
+    EXPECT_EQ(s.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.what;
+    EXPECT_NE(s.status.error_message().find(c.expect), std::string::npos) << c.what << ": " << s.status.error_message();
+  }
+  const Stream ok = Generate(stub_, Request({5, 6, 7}, 2));  // still serving
+  EXPECT_TRUE(ok.status.ok());
+  EXPECT_EQ(ok.tokens.size(), 2u);
+}
+
+// A second worker with few pages: a burst needing more than exist completes (waiting + preemption), with the
+// same greedy tokens; then a flood beyond --max-waiting gets RESOURCE_EXHAUSTED.
+TEST_F(WorkerProcessTest, BurstBeyondPagesAndQueueFull) {
+  std::string address;
+  auto small = StartWorker(*dir_, {"--checkpoint=" + *checkpoint_, "--max-batch=4", "--max-waiting=8",
+                                   "--max-context=256", "--page-rows=4", "--kv-pages=24", "--prefill-chunk=64",
+                                   "--threads=2"},
+                           &address);
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto stub = dsv4::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 6; ++i) reqs.push_back(Request(Prompt(30 + 4 * i, 50 + i), 60));
+  const auto got = GenerateAll(stub.get(), reqs);
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message();
+    EXPECT_EQ(got[i].tokens, Reference(Prompt(30 + 4 * i, 50 + i), 60)) << "request " << i;
+  }
+  EXPECT_TRUE(WaitPagesFree(stub.get()));
+
+  std::vector<GenerateRequest> flood(32, Request(Prompt(8, 9), 3));
+  const auto flooded = GenerateAll(stub.get(), flood);
+  int exhausted = 0;
+  for (const Stream& s : flooded) {
+    if (s.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ++exhausted;
+      EXPECT_NE(s.status.error_message().find("--max-waiting 8"), std::string::npos) << s.status.error_message();
+    } else {
+      EXPECT_TRUE(s.status.ok()) << s.status.error_message();
+    }
+  }
+  EXPECT_GT(exhausted, 0);
+  EXPECT_TRUE(WaitPagesFree(stub.get()));
+}
+
+TEST_F(WorkerProcessTest, SigtermDrainsInFlightThenExitsZero) {
+  std::string address;
+  auto w = StartWorker(*dir_, {"--checkpoint=" + *checkpoint_, "--max-context=512", "--drain-timeout=60",
+                               "--threads=2"},
+                       &address);
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto stub = dsv4::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, Request(Prompt(10, 4), 40));
+  GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  w->Signal(SIGTERM);
+  int tokens = msg.token_ids_size();
+  GenerateResponse last;
+  while (reader->Read(&msg)) {
+    tokens += msg.token_ids_size();
+    last = msg;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 40);
+  EXPECT_EQ(last.finish_reason(), dsv4::v1::FINISH_REASON_LENGTH);
+  auto code = w->Wait(30);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+}
+
+}  // namespace
+}  // namespace dsv4::worker::testing

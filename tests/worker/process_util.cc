@@ -1,0 +1,133 @@
+// See process_util.h.
+#include "tests/worker/process_util.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace dsv4::worker::testing {
+namespace {
+
+pid_t Spawn(const std::vector<std::string>& argv, int out_fd) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  if (out_fd >= 0) {
+    dup2(out_fd, 1);
+    dup2(out_fd == 1 ? 2 : out_fd, 2);
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
+absl::StatusOr<int> WaitPid(pid_t pid, double timeout_s) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(timeout_s);
+  while (true) {
+    int status = 0;
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    if (r < 0) return absl::InternalError("waitpid failed");
+    if (absl::Now() > deadline) return absl::DeadlineExceededError(absl::StrCat("pid ", pid, " still running"));
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+}
+
+}  // namespace
+
+std::string BinaryPath(const std::string& relative) {
+  const char* dir = std::getenv("DSV4_BINARY_DIR");
+  return dir == nullptr ? "" : absl::StrCat(dir, "/", relative);
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
+}
+
+absl::StatusOr<ChildProcess> ChildProcess::Start(const std::vector<std::string>& argv, const std::string& log) {
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", log));
+  const pid_t pid = Spawn(argv, fd);
+  close(fd);
+  if (pid < 0) return absl::InternalError("fork failed");
+  return ChildProcess(pid);
+}
+
+void ChildProcess::Signal(int sig) const {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+absl::StatusOr<int> ChildProcess::Wait(double timeout_s) {
+  DSV4_ASSIGN_OR_RETURN(int code, WaitPid(pid_, timeout_s));
+  pid_ = -1;
+  return code;
+}
+
+absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv, double timeout_s) {
+  int fds[2];
+  if (pipe(fds) != 0) return absl::InternalError("pipe failed");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fds[0]);
+  DSV4_ASSIGN_OR_RETURN(int code, WaitPid(pid, timeout_s));
+  if (code != 0) return absl::InternalError(absl::StrCat(argv[0], " exited ", code, ": ", out));
+  return out;
+}
+
+absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vector<std::string>& flags,
+                                         std::string* address) {
+  static int counter = 0;
+  const std::string tag = absl::StrCat(dir, "/worker", counter++);
+  std::vector<std::string> argv = {BinaryPath("worker/dsv4-worker"), absl::StrCat("--ready-file=", tag, ".ready")};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  DSV4_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Start(argv, tag + ".log"));
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (absl::Now() < deadline) {
+    std::ifstream ready(tag + ".ready");
+    std::string line;
+    if (std::getline(ready, line)) {
+      for (absl::string_view part : absl::StrSplit(line, ' ')) {
+        if (absl::ConsumePrefix(&part, "grpc=")) *address = std::string(part);
+      }
+      return child;
+    }
+    int status = 0;
+    if (waitpid(child.pid(), &status, WNOHANG) == child.pid()) {
+      std::ifstream log(tag + ".log");
+      std::stringstream text;
+      text << log.rdbuf();
+      return absl::InternalError(absl::StrCat("dsv4-worker exited during start-up: ", text.str()));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return absl::DeadlineExceededError("dsv4-worker did not become ready in 120 s");
+}
+
+}  // namespace dsv4::worker::testing

@@ -1,0 +1,41 @@
+// Helpers for tests that run real programs: start a process, run one to completion, start dsv4-worker and wait
+// for its ready file. POSIX only (fork/exec); every child is killed when its handle is destroyed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace dsv4::worker::testing {
+
+// $DSV4_BINARY_DIR/<relative>, or "" when the variable is unset.
+std::string BinaryPath(const std::string& relative);
+
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ChildProcess(ChildProcess&& other) noexcept : pid_(other.pid_) { other.pid_ = -1; }
+  ChildProcess& operator=(ChildProcess&&) = delete;
+  ~ChildProcess();  // SIGKILL and reap if still running
+  static absl::StatusOr<ChildProcess> Start(const std::vector<std::string>& argv, const std::string& log_path);
+  // Sends a signal; then Wait returns the exit code (or 128 + signal).
+  void Signal(int sig) const;
+  absl::StatusOr<int> Wait(double timeout_s);
+  pid_t pid() const { return pid_; }
+
+ private:
+  explicit ChildProcess(pid_t pid) : pid_(pid) {}
+  pid_t pid_ = -1;
+};
+
+// Runs argv to completion and returns its stdout (stderr goes to the test log). Errors on non-zero exit.
+absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv, double timeout_s);
+
+// Starts dsv4-worker with `flags` plus --ready-file and waits until it is SERVING; *address gets host:port.
+absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vector<std::string>& flags,
+                                         std::string* address);
+
+}  // namespace dsv4::worker::testing
