@@ -109,9 +109,15 @@ NcclCommunicator::NcclCommunicator(int rank, int world, NcclOptions options, std
 NcclCommunicator::~NcclCommunicator() {
   cudaSetDevice(options_.device);
   if (state_->comm != nullptr) {
-    // Destroy would wait for peers; after a failure only Abort is safe.
-    if (broken_.ok()) {
-      cudaStreamSynchronize(state_->stream);
+    // Finalize flushes this rank's outstanding work and may wait for peers; with a deadline so a dead peer cannot
+    // hang the destructor, then Destroy (local) or, past the deadline, Abort.
+    ncclResult_t r = broken_.ok() ? ncclCommFinalize(state_->comm) : ncclInternalError;
+    const auto deadline = Clock::now() + options_.comm.timeout;
+    while (r == ncclInProgress && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      ncclCommGetAsyncError(state_->comm, &r);
+    }
+    if (r == ncclSuccess) {
       ncclCommDestroy(state_->comm);
     } else {
       ncclCommAbort(state_->comm);
