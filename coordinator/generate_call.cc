@@ -370,6 +370,10 @@ void GenerateCall::Run(Action action) {
         absl::MutexLock lock(&mu_);
         error = error_;
       }
+      // Saturation carries its retry hint as machine-readable trailing metadata too.
+      if (auto retry = error.GetPayload(kRetryAfterMsPayload); retry.has_value()) {
+        ctx_->AddTrailingMetadata("retry-after-ms", std::string(*retry));
+      }
       Finish(ToGrpcStatus(error));
       return;
     }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -280,9 +281,10 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
     double step = 0;
     for (const Group* g : ready) step = std::max(step, g->load.recent_step_seconds());
     const int64_t hint_ms = std::clamp<int64_t>(static_cast<int64_t>(step * 1000.0), 50, 5000);
-    return absl::ResourceExhaustedError(absl::StrCat("all ", ready.size(),
-                                                     " ready worker groups are saturated; retry after ",
-                                                     hint_ms, " ms"));
+    absl::Status busy = absl::ResourceExhaustedError(
+        absl::StrCat("all ", ready.size(), " ready worker groups are saturated; retry after ", hint_ms, " ms"));
+    busy.SetPayload(kRetryAfterMsPayload, absl::Cord(absl::StrCat(hint_ms)));
+    return busy;
   }
   Group* chosen = open[0];
   if (open.size() > 1) {

@@ -112,6 +112,10 @@ class GroupPool {
   std::thread watcher_;
 };
 
+// Status payload (type URL) on Pick's RESOURCE_EXHAUSTED: the retry hint in milliseconds, as a decimal
+// string. GenerateCall sends it to the client as the trailing metadata entry "retry-after-ms".
+inline constexpr char kRetryAfterMsPayload[] = "type.dsv4.dev/retry-after-ms";
+
 // Splits "a:1,b:2" into entries, checking each has a host and a port in 1..65535.
 absl::StatusOr<std::vector<std::string>> ParseWorkerList(const std::string& list);
 

@@ -162,9 +162,14 @@ TEST_F(CoordinatorTest, AllGroupsSaturatedIsResourceExhaustedWithRetryHint) {
   workers_[1]->SetLoad(full);
   StartCoordinator();
   WaitPolls();
-  StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 4));
+  grpc::ClientContext ctx;
+  StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 4), -1, &ctx);
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(r.status.error_message(), HasSubstr("retry after 200 ms"));
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto hint = trailers.find("retry-after-ms");
+  ASSERT_NE(hint, trailers.end());
+  EXPECT_EQ(std::string(hint->second.data(), hint->second.size()), "200");
   EXPECT_EQ(workers_[0]->generate_calls() + workers_[1]->generate_calls(), 0);
 }
 
