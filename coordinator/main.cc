@@ -26,7 +26,8 @@ ABSL_FLAG(std::string, workers, "",
 ABSL_FLAG(std::string, metrics_listen, "", "host:port for Prometheus /metrics (empty = none)");
 ABSL_FLAG(std::string, ready_file, "",
           "once serving with --min-ready-groups ready, write 'grpc=HOST:PORT metrics=HOST:PORT' here (atomically)");
-ABSL_FLAG(int, min_ready_groups, 1, "groups that must be ready before the ready file is written");
+ABSL_FLAG(int, min_ready_groups, 1,
+          "groups that must have been ready before health says SERVING and the ready file is written");
 ABSL_FLAG(double, drain_timeout, 30.0, "seconds in-flight requests get to finish after SIGTERM");
 ABSL_FLAG(int, poll_interval_ms, 100, "how often every group is polled with GetLoad");
 ABSL_FLAG(int, max_attempts, 4, "upstream streams per request (the first plus failovers and retries)");
@@ -79,7 +80,8 @@ int main(int argc, char** argv) {
       .workers = *workers,
       .metrics_listen = absl::GetFlag(FLAGS_metrics_listen),
       .poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms)),
-      .max_attempts = absl::GetFlag(FLAGS_max_attempts)};
+      .max_attempts = absl::GetFlag(FLAGS_max_attempts),
+      .min_ready_groups = absl::GetFlag(FLAGS_min_ready_groups)};
   absl::StatusOr<std::unique_ptr<dsv4::coordinator::CoordinatorServer>> server =
       dsv4::coordinator::CoordinatorServer::Start(options);
   if (!server.ok()) return Fail(std::string(server.status().message()));
@@ -94,6 +96,7 @@ int main(int argc, char** argv) {
         return 0;
       }
     }
+    (*server)->RefreshHealth();  // SERVING before the ready file says so
     const std::string host = HostOf(options.listen);
     const std::string contents =
         absl::StrCat("grpc=", host, ":", (*server)->port(), " metrics=", HostOf(options.metrics_listen), ":",

@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", options.listen));
   }
-  s->server_->GetHealthCheckService()->SetServingStatus(true);
+  s->server_->GetHealthCheckService()->SetServingStatus(false);
+  s->RefreshHealth();
   s->stats_ = std::thread([p = s.get()] { p->StatsLoop(); });
   DSV4_LOG_INFO("coordinator: serving dsv4.v1.Coordinator on port {} ({} worker targets, {} ready)", s->port_,
                 options.workers.size(), s->pool_->ReadyCount());
@@ -99,25 +100,46 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
 }
 
 void CoordinatorServer::StatsLoop() {
-  absl::MutexLock lock(&mu_);
-  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
-  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(500))) {
-    if (metrics_ == nullptr) continue;
-    double kv = 0;
-    int64_t waiting = 0;
-    int ready = 0;
-    for (const GroupStatus& g : pool_->Snapshot()) {
-      if (!g.ready) continue;
-      ++ready;
-      kv = std::max(kv, g.load.kv_usage_ratio());
-      waiting += g.load.waiting();
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(200))) return;
     }
-    // The coordinator queues nothing itself: "running" is its in-flight calls, "waiting" the groups' queues.
-    metrics_->SetRunning(tracker_.inflight());
-    metrics_->SetWaiting(static_cast<int>(waiting));
-    metrics_->SetKvUsage(kv);
-    ready_groups_->Set(ready);
+    RefreshHealth();
+    UpdateGauges();
   }
+}
+
+void CoordinatorServer::RefreshHealth() {
+  const int ready = pool_->ReadyCount();
+  absl::MutexLock lock(&mu_);
+  if (draining_ || shut_down_) return;
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (!serving_ && ready >= options_.min_ready_groups) {
+    serving_ = true;
+    health->SetServingStatus("", true);
+    DSV4_LOG_INFO("coordinator: SERVING ({} groups ready)", ready);
+  }
+  health->SetServingStatus(dsv4::v1::Coordinator::service_full_name(), ready > 0);
+}
+
+void CoordinatorServer::UpdateGauges() {
+  if (metrics_ == nullptr) return;
+  double kv = 0;
+  int64_t waiting = 0;
+  int ready = 0;
+  for (const GroupStatus& g : pool_->Snapshot()) {
+    if (!g.ready) continue;
+    ++ready;
+    kv = std::max(kv, g.load.kv_usage_ratio());
+    waiting += g.load.waiting();
+  }
+  // The coordinator queues nothing itself: "running" is its in-flight calls, "waiting" the groups' queues.
+  metrics_->SetRunning(tracker_.inflight());
+  metrics_->SetWaiting(static_cast<int>(waiting));
+  metrics_->SetKvUsage(kv);
+  ready_groups_->Set(ready);
 }
 
 int CoordinatorServer::Drain(absl::Duration timeout) {
@@ -126,7 +148,11 @@ int CoordinatorServer::Drain(absl::Duration timeout) {
     if (shut_down_) return 0;
   }
   DSV4_LOG_INFO("coordinator: draining ({} in flight, timeout {})", tracker_.inflight(), absl::FormatDuration(timeout));
-  server_->GetHealthCheckService()->SetServingStatus(false);
+  {
+    absl::MutexLock lock(&mu_);
+    draining_ = true;
+  }
+  server_->GetHealthCheckService()->SetServingStatus(false);  // every service
   tracker_.StopAdmitting();
   const bool idle = tracker_.WaitIdle(timeout);
   const int left = idle ? 0 : tracker_.inflight();

@@ -3,7 +3,7 @@
 // (main.cc) is a thin shell around it; tests run it in-process.
 //
 // Threads: gRPC's callback threads run every RPC; GroupPool owns a watcher thread; a stats thread refreshes
-// the gauges twice a second. Drain() is called from one control thread (main's signal waiter or a test).
+// health and the gauges every 200 ms. Drain() is called from one control thread (main's signal waiter or a test).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +30,10 @@ struct CoordinatorOptions {
   absl::Duration poll_interval = absl::Milliseconds(100);
   absl::Duration poll_timeout = absl::Seconds(1);
   int max_attempts = 4;                      // upstream streams per request (first + failovers/retries)
+  // Health ("" service) turns SERVING once this many groups were ready (start-up gate; it stays SERVING
+  // while groups come and go, so liveness probes do not restart a coordinator for its workers' sake).
+  // The "dsv4.v1.Coordinator" service's health follows "at least one group ready" at every moment.
+  int min_ready_groups = 0;
   uint64_t route_seed = 0;                   // power-of-two-choices RNG; 0 = from the clock
 };
 
@@ -43,6 +47,9 @@ class CoordinatorServer {
   GroupPool& pool() { return *pool_; }
   const CallTracker& tracker() const { return tracker_; }
 
+  // Re-evaluates health from the groups' readiness now (the stats thread does it every 200 ms).
+  void RefreshHealth();
+
   // Graceful drain: health NOT_SERVING, no new admissions (UNAVAILABLE), in-flight calls run to their end
   // for up to `timeout`, then the server shuts down, cancelling what is left. Returns how many calls were
   // still in flight when the timeout cut them off (0 = a clean drain). Idempotent.
@@ -52,6 +59,7 @@ class CoordinatorServer {
   class Service;
   CoordinatorServer() = default;
   void StatsLoop();
+  void UpdateGauges();
 
   CoordinatorOptions options_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
@@ -66,6 +74,8 @@ class CoordinatorServer {
   int port_ = 0;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool serving_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::thread stats_;
 };

@@ -123,6 +123,31 @@ TEST_F(CoordinatorTest, NoReadyGroupIsUnavailable) {
   EXPECT_EQ(stub_->GetModelInfo(&ctx, {}, &info).error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
+TEST(CoordinatorHealthTest, ServingOnceMinReadyGroupsWereReady) {
+  FakeWorker alive({});
+  auto dead = std::make_unique<FakeWorker>(FakeWorkerOptions{});
+  const std::string dead_address = dead->address();
+  dead.reset();
+  coordinator::CoordinatorOptions o;
+  o.listen = "127.0.0.1:0";
+  o.workers = {alive.address(), dead_address};
+  o.poll_interval = absl::Milliseconds(20);
+  o.min_ready_groups = 2;
+  auto s = coordinator::CoordinatorServer::Start(o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string address = absl::StrCat("127.0.0.1:", (*s)->port());
+  (*s)->RefreshHealth();
+  // One of two groups ready: the API can serve, but the start-up gate (2 groups) is not passed yet.
+  EXPECT_EQ(HealthStatus(address), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  EXPECT_EQ(HealthStatus(address, "dsv4.v1.Coordinator"), grpc::health::v1::HealthCheckResponse::SERVING);
+  o.min_ready_groups = 1;
+  o.workers = {alive.address()};
+  auto s1 = coordinator::CoordinatorServer::Start(o);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  (*s1)->RefreshHealth();
+  EXPECT_EQ(HealthStatus(absl::StrCat("127.0.0.1:", (*s1)->port())), grpc::health::v1::HealthCheckResponse::SERVING);
+}
+
 TEST_F(CoordinatorTest, RoutesToTheLessLoadedGroup) {
   StartWorkers({{}, {}});
   dsv4::v1::GetLoadResponse busy;

@@ -50,12 +50,13 @@ inline std::unique_ptr<dsv4::v1::Coordinator::Stub> CoordinatorStub(const std::s
   return dsv4::v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
 }
 
-// grpc.health.v1 Check for the whole server ("" service); -1 when the call fails.
-inline int HealthStatus(const std::string& address) {
+// grpc.health.v1 Check for `service` ("" = the whole server); -1 when the call fails.
+inline int HealthStatus(const std::string& address, const std::string& service = "") {
   auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
   grpc::health::v1::HealthCheckResponse resp;
   if (!stub->Check(&ctx, req, &resp).ok()) return -1;
   return resp.status();
