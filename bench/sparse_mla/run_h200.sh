@@ -36,6 +36,9 @@ for step in $STEPS; do
           --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed_pipe_tensor.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
           $B/bin/sparse_mla_bench --batches=$nb --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu_stalls_b$nb.txt" 2>&1
           echo "rc=$? B=$nb"; grep -E "stalled|tensor|inst_executed" "$OUT/ncu_stalls_b$nb.txt" | awk '$NF+0 > 0.05 || /tensor|inst_executed.sum/' | head -30; done ;;
+    sass_wide) cuobjdump -sass $B/bin/sparse_mla_bench | awk '/Function : .*WideKernelILi4E/ {on=1} /Function : / && !/WideKernelILi4E/ {on=0} on' \
+          > "$OUT/sass_wide4.txt"; echo "wide<4> SASS lines: $(wc -l < "$OUT/sass_wide4.txt")"
+          grep -oE "^ +/\*[0-9a-f]{4}\*/ +[@!A-Z0-9_.]+ *[A-Z0-9_.]+" "$OUT/sass_wide4.txt" | awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -25 ;;
     sass) cuobjdump -sass $B/bin/sparse_mla_bench > "$OUT/sass_full.txt" 2>&1
           grep -oE "(HMMA|LDSM|LDGSTS|F2FP|HADD2|BAR|SHFL|MUFU)[.A-Z0-9_]*" "$OUT/sass_full.txt" | sort | uniq -c > "$OUT/sass_summary.txt"
           cat "$OUT/sass_summary.txt"; rm -f "$OUT/sass_full.txt" ;;

@@ -34,7 +34,10 @@ constexpr int kStages = 3;                   // raw tiles in the cp.async ring
 constexpr int kKbufs = 3;                    // bf16 tiles: PV(t), QK(t+1), dequant(t+2)
 constexpr int kKbStride = 2 * kKvDim + 16;   // bytes per bf16 row; +16 B keeps ldmatrix conflict-free
 constexpr int kDataChunks = kRowDataBytes / 16;  // 36 chunks of 16 B per row (28 e4m3, 8 rope)
-constexpr int kNopeChunks = kNopeDim / 16;       // 28
+// Raw rows sit 592 B apart in shared memory (148 words = 20 mod 32): eight consecutive rows' 16-byte
+// chunks then fall on distinct banks, so the dequant (one row per lane) reads conflict-free.
+constexpr int kRawStride = kRowDataBytes + 16;
+constexpr int kNopeWarps = kNopeDim / 32;        // dequant: warps 0..13 convert 32 e4m3 dims of every row
 constexpr int kPvDims = kKvDim / kWarps;         // 32 output dims per warp
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kRescaleSlack = 8.f;  // log2 units, see the softmax
@@ -52,7 +55,7 @@ struct WideConfig {
   static constexpr int kRowsPerThread = kRows / kThreadsPerHead;
   // Shared memory: raw stages [rows x 576][rows x 8 scales][rows x int valid], bf16 tiles and their valid
   // flags, partial scores [kDimGroups][G][rows + 4] f32, P [G][rows + 8] bf16, per-head alpha / stats.
-  static constexpr int kRawData = kRows * kRowDataBytes;
+  static constexpr int kRawData = kRows * kRawStride;
   static constexpr int kRawScales = kRows * kRowScaleBytes;
   static constexpr int kRawStage = kRawData + kRawScales + kRows * 4;
   static constexpr int kKbBytes = kRows * kKbStride;
@@ -93,53 +96,58 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
   int* kb_valid = reinterpret_cast<int*>(smem + C::kOffKbValid);
 
   // ---- gather one raw tile (576 data + 8 scale bytes per row, by index) with cp.async ----
+  // One warp issues the whole tile, lane = row: the index load and address decode run once per row
+  // (not once per 16-thread row group in every warp), and the 37 copies per lane are cheap to issue.
   auto load_tile = [&](int tile) {
-    constexpr int kThreadsPerRow = kThreads / kRows;
-    const int row = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
+    const int row = lane;
     const int pos = (range.tile_begin + tile) * kRows + row;
     const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
     RowAddress addr{dummy, dummy};
     const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
     uint8_t* st = smem + (tile % kStages) * C::kRawStage;
-    const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
-    for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
-      if (part < kDataChunks) {
-        CpAsync16(dst + part * 16, addr.data + (valid ? part * 16 : 0), valid);
-      } else {
-        CpAsync8(SmemAddr(st + C::kRawData + row * kRowScaleBytes), addr.scales, valid);
-      }
+    const uint32_t dst = SmemAddr(st + row * kRawStride);
+#pragma unroll 4
+    for (int part = 0; part < kDataChunks; ++part) {
+      CpAsync16(dst + part * 16, addr.data + (valid ? part * 16 : 0), valid);
     }
-    if (sub == 0) reinterpret_cast<int*>(st + C::kRawData + C::kRawScales)[row] = valid;
+    CpAsync8(SmemAddr(st + C::kRawData + row * kRowScaleBytes), addr.scales, valid);
+    reinterpret_cast<int*>(st + C::kRawData + C::kRawScales)[row] = valid;
   };
+  const bool loader = warp == kWarps - 1;
 
   // ---- raw tile -> bf16 [rows][512] (invalid rows were zero-filled, so they give 0) ----
-  // One 16-byte chunk per task, consecutive threads on consecutive chunks (conflict-free loads); the two
-  // 16-byte halves of an e4m3 chunk's output are stored in an order that alternates every 4 chunks, so a
-  // quarter-warp's stores spread over all banks.
+  // Lane = row; warp w < 14 converts e4m3 dims [32w, 32w + 32) (scale tile w / 2), warps 14 and 15 copy
+  // 32 rope dims each. Warp-uniform roles, no index arithmetic, conflict-free loads and stores.
   auto dequant_tile = [&](int tile) {
-    const uint8_t* st = smem + (tile % kStages) * C::kRawStage;
-    uint8_t* kb = smem + C::kOffKb + (tile % kKbufs) * C::kKbBytes;
-#pragma unroll 1
-    for (int task = tid; task < kRows * kDataChunks; task += kThreads) {
-      const int row = task / kDataChunks, c = task - row * kDataChunks;
-      const uint4 v = reinterpret_cast<const uint4*>(st + row * kRowDataBytes)[c];
-      uint4* dst = reinterpret_cast<uint4*>(kb + row * kKbStride);
-      if (c < kNopeChunks) {
-        const float scale = ScaleFromUe8m0(st[C::kRawData + row * kRowScaleBytes + (c >> 2)]);
-        uint4 lo, hi;
-        DequantE4m3x4(v.x, scale, lo.x, lo.y);
-        DequantE4m3x4(v.y, scale, lo.z, lo.w);
-        DequantE4m3x4(v.z, scale, hi.x, hi.y);
-        DequantE4m3x4(v.w, scale, hi.z, hi.w);
-        const int swap = (c >> 2) & 1;
-        dst[2 * c + swap] = swap ? hi : lo;
-        dst[2 * c + 1 - swap] = swap ? lo : hi;
-      } else {
-        dst[kNopeChunks + c] = v;  // rope: bf16 already, bytes 896 + 16 (c - 28)
-      }
+    const uint8_t* stage = smem + (tile % kStages) * C::kRawStage;
+    const uint8_t* src = stage + lane * kRawStride;
+    uint4* dst = reinterpret_cast<uint4*>(smem + C::kOffKb + (tile % kKbufs) * C::kKbBytes + lane * kKbStride);
+    if (warp < kNopeWarps) {
+      const float scale = ScaleFromUe8m0(stage[C::kRawData + lane * kRowScaleBytes + (warp >> 1)]);
+      const uint4 v0 = reinterpret_cast<const uint4*>(src)[2 * warp];
+      const uint4 v1 = reinterpret_cast<const uint4*>(src)[2 * warp + 1];
+      uint4 o0, o1, o2, o3;
+      DequantE4m3x4(v0.x, scale, o0.x, o0.y);
+      DequantE4m3x4(v0.y, scale, o0.z, o0.w);
+      DequantE4m3x4(v0.z, scale, o1.x, o1.y);
+      DequantE4m3x4(v0.w, scale, o1.z, o1.w);
+      DequantE4m3x4(v1.x, scale, o2.x, o2.y);
+      DequantE4m3x4(v1.y, scale, o2.z, o2.w);
+      DequantE4m3x4(v1.z, scale, o3.x, o3.y);
+      DequantE4m3x4(v1.w, scale, o3.z, o3.w);
+      dst[4 * warp] = o0;
+      dst[4 * warp + 1] = o1;
+      dst[4 * warp + 2] = o2;
+      dst[4 * warp + 3] = o3;
+    } else {
+      // rope: raw bytes 448 + 64 (w - 14) .. -> bf16 bytes 896 + 64 (w - 14) ..
+      const int c0 = kNopeDim / 16 + 4 * (warp - kNopeWarps);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dst[c0 + 28 + j] = reinterpret_cast<const uint4*>(src)[c0 + j];
     }
-    if (tid < kRows) {
-      kb_valid[(tile % kKbufs) * kRows + tid] = reinterpret_cast<const int*>(st + C::kRawData + C::kRawScales)[tid];
+    if (warp == 0) {
+      kb_valid[(tile % kKbufs) * kRows + lane] =
+          reinterpret_cast<const int*>(stage + C::kRawData + C::kRawScales)[lane];
     }
   };
 
@@ -296,11 +304,11 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
       CpAsync16(q_dst + h * kKbStride + j * 16, q_src + static_cast<int64_t>(c) * 16, true);
     }
   }
-  if (n > 0) load_tile(0);
+  if (loader && n > 0) load_tile(0);
   CpAsyncCommit();
-  if (n > 1) load_tile(1);
+  if (loader && n > 1) load_tile(1);
   CpAsyncCommit();
-  if (n > 2) load_tile(2);
+  if (loader && n > 2) load_tile(2);
   CpAsyncCommit();
   CpAsyncWait<2>();  // Q and tile 0
   __syncthreads();
@@ -312,7 +320,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
   }
   if (n > 0) dequant_tile(0);
   __syncthreads();
-  if (n > 3) load_tile(3);
+  if (loader && n > 3) load_tile(3);
   CpAsyncCommit();
   CpAsyncWait<2>();  // tile 1
   __syncthreads();
@@ -325,7 +333,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
     if (t + 2 < n) dequant_tile(t + 2);
     __syncthreads();
     if (t + 1 < n) softmax_tile(t + 1);
-    if (t + 5 < n) load_tile(t + 5);  // into tile t+2's stage, dequantised above
+    if (loader && t + 5 < n) load_tile(t + 5);  // into tile t+2's stage, dequantised above
     CpAsyncCommit();
     CpAsyncWait<2>();
     __syncthreads();
