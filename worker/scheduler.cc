@@ -41,7 +41,8 @@ void Scheduler::Preempt(size_t index) {
   r->state = RequestState::kWaiting;
   ++r->preemptions;
   ++preemptions_;
-  DSV4_LOG_DEBUG("req={} preempted after {} tokens (pages short)", r->request_id, r->tokens.size());
+  DSV4_LOG_INFO("req={} preempted after {} tokens (pages short); recomputed later", r->request_id,
+                r->tokens.size());
   InsertWaiting(std::move(r));
 }
 

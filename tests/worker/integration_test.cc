@@ -237,11 +237,12 @@ TEST_F(WorkerProcessTest, BadInputsGetNamedStatuses) {
 // A second worker with few pages: a burst needing more than exist completes (waiting + preemption), with the
 // same greedy tokens; then a flood beyond --max-waiting gets RESOURCE_EXHAUSTED.
 TEST_F(WorkerProcessTest, BurstBeyondPagesAndQueueFull) {
-  std::string address;
+  // One request of 256 tokens needs 16 compressed-4 pages of 4 rows; 4 running requests of ~110 tokens need 28.
+  std::string address, log;
   auto small = StartWorker(*dir_, {"--checkpoint=" + *checkpoint_, "--max-batch=4", "--max-waiting=8",
-                                   "--max-context=256", "--page-rows=4", "--kv-pages=24", "--prefill-chunk=64",
+                                   "--max-context=256", "--page-rows=4", "--kv-pages=20", "--prefill-chunk=64",
                                    "--threads=2"},
-                           &address);
+                           &address, &log);
   ASSERT_TRUE(small.ok()) << small.status();
   auto stub = dsv4::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   std::vector<GenerateRequest> reqs;
@@ -252,6 +253,7 @@ TEST_F(WorkerProcessTest, BurstBeyondPagesAndQueueFull) {
     EXPECT_EQ(got[i].tokens, Reference(Prompt(30 + 4 * i, 50 + i), 60)) << "request " << i;
   }
   EXPECT_TRUE(WaitPagesFree(stub.get()));
+  EXPECT_NE(ReadFile(log).find("preempted"), std::string::npos) << "the burst never ran short of pages";
 
   std::vector<GenerateRequest> flood(32, Request(Prompt(8, 9), 3));
   const auto flooded = GenerateAll(stub.get(), flood);

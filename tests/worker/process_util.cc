@@ -101,10 +101,18 @@ absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv, 
   return out;
 }
 
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
 absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vector<std::string>& flags,
-                                         std::string* address) {
+                                         std::string* address, std::string* log_path) {
   static int counter = 0;
   const std::string tag = absl::StrCat(dir, "/worker", counter++);
+  if (log_path != nullptr) *log_path = tag + ".log";
   std::vector<std::string> argv = {BinaryPath("worker/dsv4-worker"), absl::StrCat("--ready-file=", tag, ".ready")};
   argv.insert(argv.end(), flags.begin(), flags.end());
   DSV4_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Start(argv, tag + ".log"));

@@ -34,8 +34,12 @@ class ChildProcess {
 // Runs argv to completion and returns its stdout (stderr goes to the test log). Errors on non-zero exit.
 absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv, double timeout_s);
 
-// Starts dsv4-worker with `flags` plus --ready-file and waits until it is SERVING; *address gets host:port.
+// Starts dsv4-worker with `flags` plus --ready-file and waits until it is SERVING; *address gets host:port,
+// *log_path (when not null) the file its stdout and stderr go to.
 absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vector<std::string>& flags,
-                                         std::string* address);
+                                         std::string* address, std::string* log_path = nullptr);
+
+// The whole text of a file ("" when unreadable).
+std::string ReadFile(const std::string& path);
 
 }  // namespace dsv4::worker::testing
