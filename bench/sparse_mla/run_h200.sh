@@ -17,11 +17,13 @@ for step in $STEPS; do
     test) timeout 240 $B/bin/sparse_mla_test --gtest_color=no > "$OUT/test.txt" 2>&1
           echo "rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|rel_err\(global\)" "$OUT/test.txt" | grep -E "FAILED|PASSED|SKIPPED" | head -30 ;;
     memcheck) timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*' \
+          --gtest_filter='*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*:*B2_*_w16_m4:*B16_H128*m2' \
           > "$OUT/memcheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/memcheck.txt" ;;
     racecheck) timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*B1_H16_K128p256*:*B3_H16*' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
+          --gtest_filter='*B1_H16_K128p256*:*B3_H16*:*B2_*_w16_m4:*B1_H64_K128p512*_m1' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
     bench) timeout 240 $B/bin/sparse_mla_bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "rc=$?"; cat "$OUT/bench.txt" ;;
+    bench_w16) timeout 120 $B/bin/sparse_mla_bench --warps=16 --m_tiles=4 --kernels=mma --batches=8,16,32,64,128 \
+          --mma_peak=false --reps=50 > "$OUT/bench_w16.txt" 2>&1; echo "rc=$?"; tail -8 "$OUT/bench_w16.txt" ;;
     bench_w8) timeout 120 $B/bin/sparse_mla_bench --warps=8 --kernels=mma --batches=1,32,128 --mma_peak=false \
           --reps=50 > "$OUT/bench_w8.txt" 2>&1; echo "rc=$?"; tail -6 "$OUT/bench_w8.txt" ;;
     bench_mtiles) for m in 1 2; do timeout 120 $B/bin/sparse_mla_bench --m_tiles=$m --kernels=mma \

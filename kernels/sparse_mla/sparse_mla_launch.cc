@@ -20,6 +20,9 @@ absl::Status CudaStatus(cudaError_t err, std::string_view what) {
 
 bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 
+// Whether the automatic plan runs the wide kernel also when there are more than 8 64-head blocks.
+constexpr bool kWideAtLargeBatch = false;
+
 }  // namespace
 
 absl::StatusOr<SparseMlaKernel> ParseSparseMlaKernel(std::string_view name) {
@@ -50,7 +53,14 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   DSV4_RETURN_IF_ERROR(CudaStatus(
       cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "shared memory"));
 
-  plan.m_tiles = options.m_tiles != 0 ? options.m_tiles : std::min(num_heads / 16, 4);
+  // Automatic shape (H200 measurements, bench/RESULTS.md "second pass"): with few 64-head blocks per
+  // batch the wide kernel with 16- or 32-head blocks puts more SMs to work (B = 1: 15.5 us against 20.0);
+  // at larger batches the 64-head block is best.
+  const int64_t head_blocks = static_cast<int64_t>(max_batch) * std::max(num_heads / 64, 1);
+  const bool few_blocks = options.m_tiles == 0 && options.warps != 8 && options.tile_rows != 16 && head_blocks <= 8;
+  plan.m_tiles = options.m_tiles != 0 ? options.m_tiles
+                 : few_blocks          ? std::min(head_blocks <= 4 ? 1 : 2, num_heads / 16)
+                                       : std::min(num_heads / 16, 4);
   if ((plan.m_tiles != 1 && plan.m_tiles != 2 && plan.m_tiles != 4) || 16 * plan.m_tiles > num_heads) {
     return absl::InvalidArgumentError(
         absl::StrCat("m_tiles is ", options.m_tiles, "; use 1, 2 or 4 with 16 * m_tiles <= num_heads"));
@@ -67,7 +77,9 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   }
   // The wide kernel wherever its shared memory fits (sm_90: 199 KB at G = 64); else the 8-warp kernel.
   const bool wide_fits = internal::MmaWideSmemBytes(plan.m_tiles) <= smem_optin;
-  plan.warps = options.warps != 0 ? options.warps : (options.tile_rows != 16 && wide_fits ? 16 : 8);
+  plan.warps = options.warps != 0                                    ? options.warps
+               : options.tile_rows != 16 && wide_fits && (few_blocks || kWideAtLargeBatch) ? 16
+                                                                                        : 8;
   plan.tile_rows = plan.warps == 16 ? 32 : options.tile_rows;
   if (plan.tile_rows == 0) {
     plan.tile_rows = internal::MmaSmemBytes(plan.m_tiles, 32) <= smem_optin ? 32 : 16;

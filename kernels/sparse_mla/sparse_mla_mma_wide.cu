@@ -38,6 +38,7 @@ constexpr int kDataChunks = kRowDataBytes / 16;  // 36 chunks of 16 B per row (2
 // chunks then fall on distinct banks, so the dequant (one row per lane) reads conflict-free.
 constexpr int kRawStride = kRowDataBytes + 16;
 constexpr int kNopeWarps = kNopeDim / 32;        // dequant: warps 0..13 convert 32 e4m3 dims of every row
+constexpr int kAddrSlots = 4;                     // row-address table slots (tile % 4)
 constexpr int kPvDims = kKvDim / kWarps;         // 32 output dims per warp
 constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kRescaleSlack = 8.f;  // log2 units, see the softmax
@@ -69,7 +70,9 @@ struct WideConfig {
   static constexpr int kOffStatM = kOffAlpha + kHeads * 4;
   static constexpr int kOffStatL = kOffStatM + kHeads * 4;
   static constexpr int kOffStatLq = kOffStatL + kHeads * 4;
-  static constexpr int kSmemBytes = kOffStatLq + kHeads * 4;
+  // Row address table: 4 tile slots x rows x {data, scales} pointers (null data = skipped entry).
+  static constexpr int kOffAddr = kOffStatLq + kHeads * 4;
+  static constexpr int kSmemBytes = kOffAddr + kAddrSlots * kRows * 16;
   // Q is staged (bf16, kKbStride rows) in bf16 buffers 1 and 2 before tile 1 is dequantised.
   static constexpr int kOffQ = kOffKb + kKbBytes;
 
@@ -77,7 +80,7 @@ struct WideConfig {
   static_assert(kRowsPerThread >= 1 && kThreadsPerHead <= 32, "softmax mapping");
   static_assert(kHeads * kKbStride <= 2 * kKbBytes, "Q staging fits two bf16 buffers");
   static_assert(kRawStage % 16 == 0 && kKbBytes % 16 == 0 && kOffSpart % 16 == 0 && kOffP % 16 == 0 &&
-                    kOffAlpha % 16 == 0,
+                    kOffAlpha % 16 == 0 && kOffAddr % 16 == 0,
                 "16-byte alignment of shared regions");
 };
 
@@ -95,25 +98,39 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
   const int ld_row = (lane & 7) + ((lane >> 3) & 1) * 8, ld_col = (lane >> 4) * 8;
   int* kb_valid = reinterpret_cast<int*>(smem + C::kOffKbValid);
 
-  // ---- gather one raw tile (576 data + 8 scale bytes per row, by index) with cp.async ----
-  // One warp issues the whole tile, lane = row: the index load and address decode run once per row
-  // (not once per 16-thread row group in every warp), and the 37 copies per lane are cheap to issue.
+  // ---- row addresses of one tile (lane = row) -> table slot tile % 4; run by one warp a phase ahead of
+  // the gather, so the index load and address decode run once per row, not once per copying warp ----
+  const uint8_t** addr_table = reinterpret_cast<const uint8_t**>(smem + C::kOffAddr);
+  auto locate_tile = [&](int tile) {
+    const int pos = (range.tile_begin + tile) * kRows + lane;
+    RowAddress addr{nullptr, nullptr};
+    if (!(pos < range.n && LocateRow(p, b, pos, range.ew, addr))) addr.data = nullptr;
+    const uint8_t** slot = addr_table + (tile % kAddrSlots) * kRows * 2;
+    slot[2 * lane] = addr.data;
+    slot[2 * lane + 1] = addr.scales;
+  };
+  // ---- gather one raw tile (576 data + 8 scale bytes per row) with cp.async, 16 threads per row so each
+  // warp's copies cover two contiguous 576-byte rows ----
   auto load_tile = [&](int tile) {
-    const int row = lane;
-    const int pos = (range.tile_begin + tile) * kRows + row;
+    constexpr int kThreadsPerRow = kThreads / kRows;
+    const int row = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
+    const uint8_t* const* slot = addr_table + (tile % kAddrSlots) * kRows * 2;
+    const uint8_t* data = slot[2 * row];
+    const bool valid = data != nullptr;
     const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
-    RowAddress addr{dummy, dummy};
-    const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
+    if (!valid) data = dummy;
     uint8_t* st = smem + (tile % kStages) * C::kRawStage;
     const uint32_t dst = SmemAddr(st + row * kRawStride);
-#pragma unroll 4
-    for (int part = 0; part < kDataChunks; ++part) {
-      CpAsync16(dst + part * 16, addr.data + (valid ? part * 16 : 0), valid);
+#pragma unroll
+    for (int part = sub; part < kDataChunks; part += kThreadsPerRow) {
+      CpAsync16(dst + part * 16, data + (valid ? part * 16 : 0), valid);
     }
-    CpAsync8(SmemAddr(st + C::kRawData + row * kRowScaleBytes), addr.scales, valid);
-    reinterpret_cast<int*>(st + C::kRawData + C::kRawScales)[row] = valid;
+    if (sub == kThreadsPerRow - 1) {
+      CpAsync8(SmemAddr(st + C::kRawData + row * kRowScaleBytes), valid ? slot[2 * row + 1] : dummy, valid);
+      reinterpret_cast<int*>(st + C::kRawData + C::kRawScales)[row] = valid;
+    }
   };
-  const bool loader = warp == kWarps - 1;
+  const bool locator = warp == kWarps - 1;  // a rope-only dequant warp: the lightest X-phase load
 
   // ---- raw tile -> bf16 [rows][512] (invalid rows were zero-filled, so they give 0) ----
   // Lane = row; warp w < 14 converts e4m3 dims [32w, 32w + 32) (scale tile w / 2), warps 14 and 15 copy
@@ -304,11 +321,13 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
       CpAsync16(q_dst + h * kKbStride + j * 16, q_src + static_cast<int64_t>(c) * 16, true);
     }
   }
-  if (loader && n > 0) load_tile(0);
+  if (warp < kAddrSlots && warp < n) locate_tile(warp);  // tiles 0..3
+  __syncthreads();
+  if (n > 0) load_tile(0);
   CpAsyncCommit();
-  if (loader && n > 1) load_tile(1);
+  if (n > 1) load_tile(1);
   CpAsyncCommit();
-  if (loader && n > 2) load_tile(2);
+  if (n > 2) load_tile(2);
   CpAsyncCommit();
   CpAsyncWait<2>();  // Q and tile 0
   __syncthreads();
@@ -320,7 +339,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
   }
   if (n > 0) dequant_tile(0);
   __syncthreads();
-  if (loader && n > 3) load_tile(3);
+  if (n > 3) load_tile(3);
   CpAsyncCommit();
   CpAsyncWait<2>();  // tile 1
   __syncthreads();
@@ -331,9 +350,10 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
     if (t >= 0) pv_tile(t);
     if (t + 1 < n) qk_tile(t + 1);
     if (t + 2 < n) dequant_tile(t + 2);
+    if (locator && t + 5 < n) locate_tile(t + 5);  // slot (t + 5) % 4 was last read in Y(t - 3)
     __syncthreads();
     if (t + 1 < n) softmax_tile(t + 1);
-    if (loader && t + 5 < n) load_tile(t + 5);  // into tile t+2's stage, dequantised above
+    if (t + 5 < n) load_tile(t + 5);  // into tile t+2's stage, dequantised above
     CpAsyncCommit();
     CpAsyncWait<2>();
     __syncthreads();

@@ -218,13 +218,19 @@ INSTANTIATE_TEST_SUITE_P(
              {.tile_rows = 16}),
         Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 115}),
         Case({.batch = 4, .heads = 64, .topk_window = 5, .topk_extra = 7, .page_rows_window = 1, .seed = 116}),
-        // The 8-warp kernel at 32-row tiles (the default is the wide kernel wherever it fits).
+        // The wide kernel with 64-head blocks (the automatic plan uses it only for few blocks), and the
+        // 8-warp kernel where the automatic plan would pick the wide one.
         Case({.batch = 128, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 117},
-             {.warps = 8}),
+             {.warps = 16}),
+        Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .lengths = true, .holes = 0.1,
+              .extreme = true, .seed = 122},
+             {.warps = 16}),
+        Case({.batch = 2, .heads = 64, .topk_window = 64, .topk_extra = 448, .empty_every = 2, .seed = 123},
+             {.warps = 16, .m_tiles = 4}),
         Case({.batch = 3, .heads = 128, .topk_window = 128, .topk_extra = 256, .lengths = true, .extreme = true,
               .seed = 118},
              {.num_splits = 2, .warps = 8}),
-        // The wide kernel with 16- and 32-head blocks (more blocks per sequence at small batch).
+        // The wide kernel with 16- and 32-head blocks (what the plan picks at small batch).
         Case({.batch = 4, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .extreme = true,
               .seed = 119},
              {.m_tiles = 1}),
