@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "bench/serving/runner.h"
 #include "coordinator/server.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -317,6 +318,33 @@ TEST_F(CoordinatorTest, DrainTimeoutCancelsWhatIsLeft) {
   EXPECT_FALSE(in_flight.status.ok());
   for (int i = 0; i < 200 && workers_[0]->active() > 0; ++i) absl::SleepFor(absl::Milliseconds(10));
   EXPECT_EQ(workers_[0]->active(), 0);  // the worker stream was cancelled too: its pages are freed
+}
+
+TEST_F(CoordinatorTest, BenchRunnerRecordsEveryRequest) {
+  StartWorkers({{}, {}});
+  StartCoordinator();
+  auto work = bench::MakeRandomWorkload(
+      {.num_prompts = 10, .input_len = 12, .output_len = 6, .range_ratio = 0.5, .vocab_size = 1000, .seed = 3});
+  ASSERT_TRUE(work.ok());
+  for (double rate : {0.0, 200.0}) {  // back to back, then Poisson arrivals
+    double duration = 0;
+    const std::vector<bench::RequestRecord> records =
+        bench::RunBenchmark(*stub_, *work, {.concurrency = 3, .request_rate = rate, .seed = 5}, &duration);
+    ASSERT_EQ(records.size(), work->size());
+    for (size_t i = 0; i < records.size(); ++i) {
+      const bench::RequestRecord& r = records[i];
+      ASSERT_TRUE(r.ok) << r.error;
+      EXPECT_EQ(r.output_len, (*work)[i].output_len);
+      EXPECT_EQ(r.prompt_len, static_cast<int>((*work)[i].prompt.size()));
+      EXPECT_EQ(r.itl_s.size(), static_cast<size_t>(r.output_len - 1));
+      EXPECT_GT(r.ttft_s, 0);
+      EXPECT_GE(r.e2e_s, r.ttft_s);
+      EXPECT_LE(r.e2e_s, duration);
+    }
+    const bench::Summary sum = bench::Summarize(records, duration);
+    EXPECT_EQ(sum.completed, 10);
+    EXPECT_GT(sum.output_tok_s, 0);
+  }
 }
 
 TEST(WorkerListTest, ParsesAndRejects) {
