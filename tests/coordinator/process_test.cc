@@ -246,6 +246,12 @@ class RealWorkersTest : public ::testing::Test {
     ASSERT_TRUE(st.has_value() && WIFEXITED(*st) && WEXITSTATUS(*st) == 0) << gen.LogTail();
   }
 
+  void TearDown() override {
+    for (auto& w : workers_) w.reset();
+    // The checkpoint is 39 MB: keep the folder (logs) only when something failed.
+    if (!dir_.empty() && !HasFailure()) std::filesystem::remove_all(dir_);
+  }
+
   // Starts (or restarts, on the same port) worker group g; returns its gRPC address.
   std::string StartWorker(int g, const std::string& listen = "127.0.0.1:0") {
     const std::string ready = absl::StrCat(dir_, "/worker", g, ".ready");
