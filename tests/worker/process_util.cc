@@ -47,9 +47,16 @@ absl::StatusOr<int> WaitPid(pid_t pid, double timeout_s) {
 
 }  // namespace
 
+// ctest sets both variables, but a list-valued ENVIRONMENT property can arrive empty through
+// gtest_discover_tests; then fall back to the directories CMake compiled in.
 std::string BinaryPath(const std::string& relative) {
   const char* dir = std::getenv("DSV4_BINARY_DIR");
-  return dir == nullptr ? "" : absl::StrCat(dir, "/", relative);
+  return absl::StrCat(dir != nullptr && *dir ? dir : DSV4_WORKER_TEST_BINARY_DIR, "/", relative);
+}
+
+std::string SourcePath(const std::string& relative) {
+  const char* dir = std::getenv("DSV4_SOURCE_DIR");
+  return absl::StrCat(dir != nullptr && *dir ? dir : DSV4_WORKER_TEST_SOURCE_DIR, "/", relative);
 }
 
 ChildProcess::~ChildProcess() {

@@ -11,8 +11,9 @@
 
 namespace dsv4::worker::testing {
 
-// $DSV4_BINARY_DIR/<relative>, or "" when the variable is unset.
+// <build dir>/<relative> and <source dir>/<relative> ($DSV4_BINARY_DIR / $DSV4_SOURCE_DIR, else this build's).
 std::string BinaryPath(const std::string& relative);
+std::string SourcePath(const std::string& relative);
 
 class ChildProcess {
  public:
