@@ -27,6 +27,9 @@ function(dsv4_test name)
   if(NOT labels)
     set(labels unit)
   endif()
+  # Two single-valued properties: a ';'-joined ENVIRONMENT list would be split by gtest_discover_tests and
+  # only its first entry would reach the tests.
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
-    PROPERTIES LABELS "${labels}" ENVIRONMENT "DSV4_SOURCE_DIR=${PROJECT_SOURCE_DIR};DSV4_BINARY_DIR=${PROJECT_BINARY_DIR}")
+    PROPERTIES LABELS "${labels}" ENVIRONMENT "DSV4_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+               ENVIRONMENT_MODIFICATION "DSV4_BINARY_DIR=set:${PROJECT_BINARY_DIR}")
 endfunction()
