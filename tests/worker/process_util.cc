@@ -1,7 +1,10 @@
 // See process_util.h.
 #include "tests/worker/process_util.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -10,6 +13,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -116,7 +120,8 @@ std::string ReadFile(const std::string& path) {
 }
 
 absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vector<std::string>& flags,
-                                         std::string* address, std::string* log_path) {
+                                         std::string* address, std::string* log_path,
+                                         std::string* metrics_address) {
   static int counter = 0;
   const std::string tag = absl::StrCat(dir, "/worker", counter++);
   if (log_path != nullptr) *log_path = tag + ".log";
@@ -130,6 +135,9 @@ absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vect
     if (std::getline(ready, line)) {
       for (absl::string_view part : absl::StrSplit(line, ' ')) {
         if (absl::ConsumePrefix(&part, "grpc=")) *address = std::string(part);
+        if (absl::ConsumePrefix(&part, "metrics=") && metrics_address != nullptr) {
+          *metrics_address = std::string(part);
+        }
       }
       return child;
     }
@@ -143,6 +151,35 @@ absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vect
     absl::SleepFor(absl::Milliseconds(20));
   }
   return absl::DeadlineExceededError("dsv4-worker did not become ready in 120 s");
+}
+
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path) {
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port)) {
+    return absl::InvalidArgumentError(absl::StrCat("bad address ", address));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &addr.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", address));
+  }
+  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", address, "\r\n\r\n");
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return absl::UnavailableError("short write");
+  }
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  const size_t body = out.find("\r\n\r\n");
+  return body == std::string::npos ? out : out.substr(body + 4);
 }
 
 }  // namespace dsv4::worker::testing

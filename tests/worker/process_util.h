@@ -38,7 +38,11 @@ absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv, 
 // Starts dsv4-worker with `flags` plus --ready-file and waits until it is SERVING; *address gets host:port,
 // *log_path (when not null) the file its stdout and stderr go to.
 absl::StatusOr<ChildProcess> StartWorker(const std::string& dir, const std::vector<std::string>& flags,
-                                         std::string* address, std::string* log_path = nullptr);
+                                         std::string* address, std::string* log_path = nullptr,
+                                         std::string* metrics_address = nullptr);
+
+// Body of GET http://<address><path> (HTTP/1.0, for /metrics); errors when the connection fails.
+absl::StatusOr<std::string> HttpGet(const std::string& address, const std::string& path);
 
 // The whole text of a file ("" when unreadable).
 std::string ReadFile(const std::string& path);
