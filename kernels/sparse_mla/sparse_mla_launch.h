@@ -27,8 +27,8 @@ std::string_view SparseMlaKernelName(SparseMlaKernel kernel);
 struct SparseMlaPlanOptions {
   int tile_rows = 0;   // 16 or 32 rows per pipeline step (automatic: 32 where shared memory allows)
   int num_splits = 0;  // split-KV blocks per (sequence, head group)
-  int warps = 0;       // MMA block width: 16 (wide kernel, 32-row tiles) or 8 (automatic: 16 where it fits)
-  int m_tiles = 0;     // 16-head m-tiles per block: 1, 2 or 4 (automatic: min(H / 16, 4))
+  int warps = 0;       // MMA block width: 16 (wide kernel, 32-row tiles) or 8 (automatic: see MakeSparseMlaPlan)
+  int m_tiles = 0;     // 16-head m-tiles per block: 1, 2 or 4 (automatic: see MakeSparseMlaPlan)
 };
 
 struct SparseMlaPlan {
@@ -45,8 +45,10 @@ struct SparseMlaPlan {
   size_t workspace_bytes = 0;  // SparseMlaParams::workspace needed for max_batch
 };
 
-// Chooses the launch configuration on the current device: splits = clamp(SMs / (B * head groups), 1,
-// tiles of max_topk), so small batches still fill the GPU. Raises the kernel's shared memory limit.
+// Chooses the launch configuration on the current device: with B * max(H / 64, 1) <= 8 the wide kernel with
+// 16-head (<= 4) or 32-head blocks where its shared memory fits, else the 8-warp kernel with 64-head blocks;
+// splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU.
+// Raises the kernel's shared memory limit.
 absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
                                                 int max_topk, const SparseMlaPlanOptions& options = {});
 

@@ -1,6 +1,7 @@
 // Tensor-core sparse-MLA decode, wide variant (16 warps, 32-row tiles, two barriers per tile); design in
-// docs/sparse-mla.md ("Wide MMA kernel"). Used wherever its ~200 KB of shared memory fit (sm_90); the
-// 8-warp kernel of sparse_mla_mma.cu remains for GPUs with less (sm_120) and for 16-row tiles.
+// docs/sparse-mla.md ("Wide MMA kernel"). Needs ~200 KB of shared memory (sm_90). The plan picks it for
+// few 64-head blocks (small batch), with 16- or 32-head blocks; the 8-warp kernel of sparse_mla_mma.cu
+// serves larger batches (measured faster there) and GPUs with less shared memory (sm_120).
 //
 // One block = one sequence x G = 16 * kMTiles heads x one split of the selected rows, 512 threads. Why 16
 // warps: the 8-warp kernel needs 253 registers (128 O accumulators + 64 of Q), so each scheduler had two
