@@ -152,6 +152,15 @@ bool KvManager::CanReserve(const BlockTables& t, int64_t num_positions) const {
   return true;
 }
 
+bool KvManager::CanReserveWithHeadroom(const BlockTables& t, int64_t num_positions, int64_t headroom) const {
+  const auto need = MissingPages(t, num_positions);
+  for (int p = 0; p < kNumPools; ++p) {
+    const int64_t extra = p == static_cast<int>(Pool::kWindow) || pools_[p].total() == 0 ? 0 : headroom;
+    if (need[p] + extra > pools_[p].free_pages()) return false;
+  }
+  return true;
+}
+
 bool KvManager::Reserve(BlockTables* t, int64_t num_positions) {
   if (!CanReserve(*t, num_positions)) return false;
   const auto need = MissingPages(*t, num_positions);

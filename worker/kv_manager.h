@@ -73,6 +73,9 @@ class KvManager {
   // Extra pages beyond what `tables` holds to cache num_positions tokens, per pool.
   std::array<int64_t, kNumPools> MissingPages(const BlockTables& tables, int64_t num_positions) const;
   bool CanReserve(const BlockTables& tables, int64_t num_positions) const;
+  // CanReserve, leaving at least headroom_pages free in every growing pool afterwards (admission uses it so
+  // that running requests can grow a little before anyone must be preempted).
+  bool CanReserveWithHeadroom(const BlockTables& tables, int64_t num_positions, int64_t headroom_pages) const;
   // Grows the tables to cover num_positions tokens (all pools or none). False when pages are short.
   bool Reserve(BlockTables* tables, int64_t num_positions);
   // Takes a compressor-state slot; false when all are taken.

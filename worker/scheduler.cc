@@ -83,7 +83,12 @@ void Scheduler::Admit(int* budget, std::vector<ScheduledChunk>* plan) {
          kv_->free_slots() > 0) {
     Request* r = waiting_.front().get();
     const int want = std::min(r->remaining_to_compute(), *budget);
-    if (!kv_->CanReserve(r->tables, r->num_computed + want)) break;
+    // Headroom of one page per running request: admitting into a pool that is about to run dry would only
+    // preempt the newcomer again a few steps later (recompute thrash). With nothing running it is 0, so the
+    // head of the queue always gets in eventually.
+    if (!kv_->CanReserveWithHeadroom(r->tables, r->num_computed + want, static_cast<int64_t>(running_.size()))) {
+      break;
+    }
     std::unique_ptr<Request> owned = std::move(waiting_.front());
     waiting_.pop_front();
     kv_->AcquireSlot(&r->tables);
