@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -114,6 +115,41 @@ int Fail(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kUnimplemented ? 2 : 1;
 }
 
+// Loads the weights, sizes and allocates the KV pools (logged) and starts the engine thread.
+absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metrics::ServingMetrics* metrics) {
+  DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
+                        LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads}));
+  DSV4_ASSIGN_OR_RETURN(KvSizing sizing, PlanKvSizing(*executor, {.page_rows = o.page_rows,
+                                                                  .max_batch = o.max_batch,
+                                                                  .max_context = o.max_context,
+                                                                  .kv_pages = o.kv_pages,
+                                                                  .mem_fraction = o.mem_fraction,
+                                                                  .available_bytes = AvailableHostBytes()}));
+  DSV4_RETURN_IF_ERROR(executor->AllocateCache(sizing.pages, sizing.page_rows, sizing.max_slots));
+  DSV4_LOG_INFO("KV pools: {}", sizing.ToString());
+  auto engine = std::make_unique<Engine>(std::move(executor), sizing,
+                                         EngineOptions{.max_batch = o.max_batch,
+                                                       .max_waiting = o.max_waiting,
+                                                       .prefill_chunk = o.prefill_chunk,
+                                                       .max_context = o.max_context},
+                                         metrics);
+  engine->Start();
+  return engine;
+}
+
+// "grpc=HOST:PORT metrics=HOST:PORT\n" (metrics empty when --metrics-listen is off).
+std::string ReadyLine(const WorkerOptions& o, int grpc_port, const metrics::MetricsServer* metrics_server) {
+  std::string host, metrics_addr;
+  int unused = 0;
+  (void)ParseHostPort("--listen", o.listen, &host, &unused);
+  if (metrics_server != nullptr) {
+    std::string mhost;
+    (void)ParseHostPort("--metrics-listen", o.metrics_listen, &mhost, &unused);
+    metrics_addr = absl::StrCat(mhost, ":", metrics_server->port());
+  }
+  return absl::StrCat("grpc=", host, ":", grpc_port, " metrics=", metrics_addr, "\n");
+}
+
 int Run(const WorkerOptions& o, const sigset_t& signals) {
   const absl::Time t_start = absl::Now();
   std::unique_ptr<metrics::MetricsServer> metrics_server;
@@ -127,25 +163,10 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     serving_metrics = std::make_unique<metrics::ServingMetrics>(
         *metrics_server->registry(), metrics::Labels{.role = "worker", .group = group, .rank = o.rank});
   }
-  auto executor = LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads});
-  if (!executor.ok()) return Fail(executor.status());
+  auto engine_or = StartEngine(o, serving_metrics.get());
+  if (!engine_or.ok()) return Fail(engine_or.status());
+  Engine& engine = **engine_or;
   const double load_s = absl::ToDoubleSeconds(absl::Now() - t_start);
-  auto sizing = PlanKvSizing(**executor, {.page_rows = o.page_rows,
-                                          .max_batch = o.max_batch,
-                                          .max_context = o.max_context,
-                                          .kv_pages = o.kv_pages,
-                                          .mem_fraction = o.mem_fraction,
-                                          .available_bytes = AvailableHostBytes()});
-  if (!sizing.ok()) return Fail(sizing.status());
-  if (absl::Status s = (*executor)->AllocateCache(sizing->pages, sizing->page_rows, sizing->max_slots); !s.ok()) {
-    return Fail(s);
-  }
-  DSV4_LOG_INFO("KV pools: {}", sizing->ToString());
-  Engine engine(std::move(*executor), *sizing,
-                {.max_batch = o.max_batch, .max_waiting = o.max_waiting, .prefill_chunk = o.prefill_chunk,
-                 .max_context = o.max_context},
-                serving_metrics.get());
-  engine.Start();
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -163,16 +184,7 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   server = builder.BuildAndStart();
   if (!server || port == 0) return Fail(absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind")));
   server->GetHealthCheckService()->SetServingStatus(true);
-  std::string host;
-  int unused = 0;
-  (void)ParseHostPort("--listen", o.listen, &host, &unused);
-  std::string metrics_addr;
-  if (metrics_server) {
-    std::string mhost;
-    (void)ParseHostPort("--metrics-listen", o.metrics_listen, &mhost, &unused);
-    metrics_addr = absl::StrCat(mhost, ":", metrics_server->port());
-  }
-  const std::string ready = absl::StrCat("grpc=", host, ":", port, " metrics=", metrics_addr, "\n");
+  const std::string ready = ReadyLine(o, port, metrics_server.get());
   if (serving_metrics) {
     const double total_s = absl::ToDoubleSeconds(absl::Now() - t_start);
     serving_metrics->SetStartup(load_s, 0, 0, total_s);
