@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -26,6 +27,7 @@ namespace {
 pid_t Spawn(const std::vector<std::string>& argv, int out_fd) {
   const pid_t pid = fork();
   if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // a crashed test must not leave workers behind
   if (out_fd >= 0) {
     dup2(out_fd, 1);
     dup2(out_fd == 1 ? 2 : out_fd, 2);
