@@ -26,6 +26,7 @@ void AttentionSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, st
   const int pairs = static_cast<int>(c.qk_rope_head_dim / 2);
   const float* inv_freq = m.inv_freq[layer].data();
 
+  m.BeginPhase(metrics::Phase::kDense);  // mHC, norms and projections; the attention proper is timed below
   // mHC pre and the sublayer's RMSNorm.
   std::vector<float> a(T * D), post(T * S), comb(T * S * S);
   ops.HcPre({.x = x.data(), .fn = w.hc_attn_fn.ptr(), .base = w.hc_attn_base.ptr(), .scale = w.hc_attn_scale.ptr(),
@@ -83,6 +84,7 @@ void AttentionSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, st
 
   // Token by token: update the caches, then attend (a prefill chunk longer than the window reuses ring rows,
   // so each token must attend before later tokens overwrite them).
+  m.BeginPhase(metrics::Phase::kAttention);  // cache update, key selection, sparse attention
   TokenKeys keys;
   keys.window_rows.resize(c.sliding_window);
   std::vector<float> o(T * H * Dh);
@@ -105,6 +107,7 @@ void AttentionSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, st
   // -> o_lora dims through its own slice of W_oa, then W_ob over all groups.
   ops.Rope({.x = o.data(), .pos = batch.pos.data(), .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh,
             .pairs = pairs, .inverse = true});
+  m.BeginPhase(metrics::Phase::kDense);  // the grouped output projection and mHC post
   const int64_t OL = c.o_lora_rank, group_in = H * Dh / G;
   std::vector<float> z(T * G * OL), y(T * D);
   for (int64_t g = 0; g < G; ++g) {

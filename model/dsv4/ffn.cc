@@ -12,6 +12,7 @@ void FfnSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, std::vec
   const int64_t T = batch.size(), D = c.hidden_size, S = c.hc_mult, E = c.n_routed_experts;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
+  m.BeginPhase(metrics::Phase::kDense);  // mHC pre and the norm
   std::vector<float> a(T * D), post(T * S), comb(T * S * S), y(T * D);
   ops.HcPre({.x = x.data(), .fn = w.hc_ffn_fn.ptr(), .base = w.hc_ffn_base.ptr(), .scale = w.hc_ffn_scale.ptr(),
              .u = a.data(), .post = post.data(), .comb = comb.data(), .t = T, .s = S, .d = D,
@@ -26,6 +27,7 @@ void FfnSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, std::vec
     w2[e] = w.w2[e].data.empty() ? nullptr : w.w2[e].ptr();
     w3[e] = w.w3[e].data.empty() ? nullptr : w.w3[e].ptr();
   }
+  m.BeginPhase(metrics::Phase::kMoe);  // router, routed experts and the shared expert
   ops.Moe({.x = a.data(), .tokens = batch.tokens.data(), .gate = w.gate.ptr(),
            .bias = w.hash ? nullptr : w.gate_bias.ptr(), .tid2eid = w.hash ? w.tid2eid.data() : nullptr,
            .w1 = w1.data(), .w3 = w3.data(), .w2 = w2.data(), .shared_w1 = w.shared_w1.ptr(),
@@ -36,6 +38,7 @@ void FfnSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, std::vec
            .swiglu_limit = static_cast<float>(c.swiglu_limit)});
   m.AllReduce(y.data(), T * D);  // tensor parallel: local experts + this rank's slice of the shared expert
 
+  m.BeginPhase(metrics::Phase::kDense);  // mHC post
   std::vector<float> x_out(x.size());
   ops.HcPost({.x = x.data(), .y = y.data(), .post = post.data(), .comb = comb.data(), .x_out = x_out.data(), .t = T,
               .s = S, .d = D});

@@ -9,6 +9,7 @@
 #include "comm/shard.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/ops.h"
+#include "metrics/phase_timer.h"
 #include "model/dsv4/kv_cache.h"
 #include "model/dsv4/model.h"
 #include "model/dsv4/weights.h"
@@ -34,6 +35,15 @@ struct Dsv4Model::Impl {
   comm::Communicator* tp = nullptr;          // null for world 1
   std::unique_ptr<comm::ShardLayout> shard;  // this rank's share; null for world 1
   absl::Status tp_status;                    // first collective failure of the running forward
+  metrics::PhaseTimer* phase_timer = nullptr;  // null = no phase timing (Dsv4Model::SetPhaseTimer)
+  metrics::Phase phase = metrics::Phase::kOther;  // the phase last begun, so a collective can resume it
+
+  // Marks the start of phase p for the timer (phases form a flat sequence); nothing without a timer.
+  void BeginPhase(metrics::Phase p) {
+    if (phase_timer == nullptr) return;
+    phase = p;
+    phase_timer->Begin(p);
+  }
 
   // Sums a partial [n] result over the group in place (no-op for world 1); keeps the first failure in tp_status
   // (later collectives of a broken communicator fail at once, so the step just runs out).

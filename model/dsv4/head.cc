@@ -23,8 +23,10 @@ void Head(Dsv4Model::Impl& m, const std::vector<float>& x, const std::vector<int
   const comm::Range v = m.shard->vocab;
   std::vector<float> local(R * v.size);
   m.ops->Linear({.x = h.data(), .w = w.head.ptr(), .y = local.data(), .t = R, .n = v.size, .k = D});
+  m.BeginPhase(metrics::Phase::kComm);
   const absl::Status s = comm::GatherVocabLogits(*m.tp, *m.shard, local.data(), R, c.vocab_size, logits);
   if (!s.ok() && m.tp_status.ok()) m.tp_status = s;
+  m.BeginPhase(metrics::Phase::kDense);
 }
 
 }  // namespace dsv4::model

@@ -111,9 +111,14 @@ absl::Status Dsv4Model::ResetState(int32_t slot) {
 
 void Dsv4Model::Impl::AllReduce(float* y, int64_t n) {
   if (tp == nullptr) return;
+  const metrics::Phase resume = phase;  // the collective's time is comm; the sublayer's phase resumes after it
+  BeginPhase(metrics::Phase::kComm);
   const absl::Status s = tp->AllReduceSum(y, static_cast<size_t>(n));
   if (!s.ok() && tp_status.ok()) tp_status = s;
+  BeginPhase(resume);
 }
+
+void Dsv4Model::SetPhaseTimer(metrics::PhaseTimer* timer) { impl_->phase_timer = timer; }
 
 int32_t Dsv4Model::Impl::PhysicalRow(const SeqBlockTables& t, KvPool pool, int64_t logical) const {
   if (pool == KvPool::kWindow) logical %= config.sliding_window;
@@ -183,6 +188,7 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
     }
   }
   const int64_t T = batch.size(), D = c.hidden_size, S = c.hc_mult;
+  m.BeginPhase(metrics::Phase::kDense);  // the embedding lookup
   std::vector<float> x(T * S * D);  // every stream starts as the embedding
   for (int64_t t = 0; t < T; ++t)
     for (int64_t s = 0; s < S; ++s)
@@ -197,6 +203,7 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
     out_ptr = out->data();
   }
   Head(m, x, rows, out_ptr);
+  if (m.phase_timer != nullptr) m.phase_timer->End(m.phase);
   return m.tp_status;
 }
 

@@ -30,6 +30,9 @@
 namespace dsv4::comm {
 class Communicator;
 }
+namespace dsv4::metrics {
+class PhaseTimer;
+}
 
 namespace dsv4::model {
 
@@ -87,6 +90,11 @@ class Dsv4Model {
   absl::Status Forward(std::span<const SeqChunk> chunks, float* logits);
   // Same, but returns the logits of every token of every chunk, chunk-major ([sum of tokens, vocab_size]).
   absl::Status ForwardAllLogits(std::span<const SeqChunk> chunks, std::vector<float>* logits);
+
+  // Decode time by phase (metrics/phase_timer.h): the forward marks Begin(phase) around attention, MoE, dense
+  // (projections, norms, head) and comm (tensor-parallel collectives); the caller owns BeginStep/EndStep.
+  // Null (the default) = no timing and no cost. The timer must outlive its use; same thread as Forward.
+  void SetPhaseTimer(metrics::PhaseTimer* timer);
 
   struct Impl;  // opaque; model/dsv4/forward.h defines it for the sublayer files
 
