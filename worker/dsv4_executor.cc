@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4Execut
   mo.mode = o.mode == "production" ? model::NumericMode::kProduction : model::NumericMode::kExact;
   mo.num_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<model::Dsv4Model> m, model::Dsv4Model::Load(o.checkpoint, mo));
+  m->SetPhaseTimer(o.phase_timer);
   const Config& c = m->config();
   ModelInfo info;
   info.model_name = std::filesystem::path(o.checkpoint).lexically_normal().filename().string();

@@ -10,6 +10,9 @@
 namespace dsv4::model {
 class Dsv4Model;
 }
+namespace dsv4::metrics {
+class PhaseTimer;
+}
 
 namespace dsv4::worker {
 
@@ -17,6 +20,7 @@ struct Dsv4ExecutorOptions {
   std::string checkpoint;
   std::string mode = "exact";  // exact | production
   int threads = 0;             // 0 = all cores
+  metrics::PhaseTimer* phase_timer = nullptr;  // the forward marks its phases on it; null = no timing
 };
 
 // Loads the checkpoint; errors name the tensor or field that failed.

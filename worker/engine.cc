@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/request_validation.h"
 #include "common/status_macros.h"
+#include "metrics/phase_timer.h"
 #include "metrics/serving_metrics.h"
 
 namespace dsv4::worker {
@@ -245,7 +246,9 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
                       .start_pos = c.start});
   }
   logits_.resize(plan.size() * static_cast<size_t>(vocab));
+  if (options_.phase_timer != nullptr) options_.phase_timer->BeginStep();
   const absl::Status status = executor_->Forward(chunks, logits_.data());
+  if (options_.phase_timer != nullptr) options_.phase_timer->EndStep();
   if (!status.ok()) {
     DSV4_LOG_ERROR("forward failed for a batch of {}: {}", plan.size(), status.ToString());
     for (const ScheduledChunk& c : plan) {

@@ -30,6 +30,7 @@
 
 namespace dsv4::metrics {
 class ServingMetrics;
+class PhaseTimer;
 }
 
 namespace dsv4::worker {
@@ -39,6 +40,9 @@ struct EngineOptions {
   int max_waiting = 256;   // queued requests beyond this get RESOURCE_EXHAUSTED
   int prefill_chunk = 256;
   int max_context = 4096;
+  // Decode time by phase: BeginStep/EndStep around each step's Forward (the executor marks the phases inside).
+  // Null = no timing. Must outlive the engine; used on the engine thread only.
+  metrics::PhaseTimer* phase_timer = nullptr;
 };
 
 // Called once on the engine thread when a drain completes: requests that finished normally and that were

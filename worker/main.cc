@@ -9,6 +9,7 @@
 // Any failure before that prints one line naming the problem and exits non-zero. SIGTERM/SIGINT: health
 // NOT_SERVING, stop admitting, finish in-flight requests within --drain-timeout (abort the rest), exit 0.
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -26,6 +27,8 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "metrics/load_progress.h"
+#include "metrics/phase_timer.h"
 #include "metrics/serving_metrics.h"
 #include "worker/dsv4_executor.h"
 #include "worker/engine.h"
@@ -57,6 +60,8 @@ ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen, "host:port for 
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file, "file to write 'grpc=HOST:PORT metrics=HOST:PORT' to");
 ABSL_FLAG(double, drain_timeout, kDefaults.drain_timeout_s, "seconds to finish in-flight requests on SIGTERM");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
+ABSL_FLAG(int, phase_timing_every, kDefaults.phase_timing_every,
+          "time the phases (dsv4_decode_gpu_seconds_total) of 1 step in N; needs --metrics-listen");
 
 namespace dsv4::worker {
 namespace {
@@ -83,6 +88,7 @@ WorkerOptions OptionsFromFlags() {
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout);
   o.log_level = absl::GetFlag(FLAGS_log_level);
+  o.phase_timing_every = absl::GetFlag(FLAGS_phase_timing_every);
   return o;
 }
 
@@ -115,10 +121,33 @@ int Fail(const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument || s.code() == absl::StatusCode::kUnimplemented ? 2 : 1;
 }
 
-// Loads the weights, sizes and allocates the KV pools (logged) and starts the engine thread.
-absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metrics::ServingMetrics* metrics) {
+// Bytes of the checkpoint's weight files (*.safetensors), for the load gauges; 0 when unreadable.
+int64_t CheckpointBytes(const std::string& dir) {
+  std::error_code ec;
+  int64_t total = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".safetensors") total += static_cast<int64_t>(entry.file_size(ec));
+  }
+  return ec ? 0 : total;
+}
+
+// Weight-load numbers for the start-up gauges.
+struct LoadStats {
+  double seconds = 0;
+  int64_t bytes = 0;
+};
+
+// Loads the weights, sizes and allocates the KV pools (logged) and starts the engine thread. phase_timer (may
+// be null) is marked by the forward and the engine; it must outlive the engine.
+absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metrics::ServingMetrics* metrics,
+                                                    metrics::PhaseTimer* phase_timer, LoadStats* load) {
+  load->bytes = CheckpointBytes(o.checkpoint);
+  metrics::LoadProgress progress("weights", load->bytes);  // one "done" line with GB/s (no per-tensor hook yet)
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
-                        LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads}));
+                        LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads,
+                                          .phase_timer = phase_timer}));
+  progress.Add(load->bytes);
+  load->seconds = progress.Finish();
   DSV4_ASSIGN_OR_RETURN(KvSizing sizing, PlanKvSizing(*executor, {.page_rows = o.page_rows,
                                                                   .max_batch = o.max_batch,
                                                                   .max_context = o.max_context,
@@ -131,7 +160,8 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
                                          EngineOptions{.max_batch = o.max_batch,
                                                        .max_waiting = o.max_waiting,
                                                        .prefill_chunk = o.prefill_chunk,
-                                                       .max_context = o.max_context},
+                                                       .max_context = o.max_context,
+                                                       .phase_timer = phase_timer},
                                          metrics);
   engine->Start();
   return engine;
@@ -163,10 +193,17 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     serving_metrics = std::make_unique<metrics::ServingMetrics>(
         *metrics_server->registry(), metrics::Labels{.role = "worker", .group = group, .rank = o.rank});
   }
-  auto engine_or = StartEngine(o, serving_metrics.get());
+  std::unique_ptr<metrics::PhaseTimer> phase_timer;  // declared before the engine, so it outlives it
+  if (serving_metrics) {
+    auto timer = metrics::MakeCpuPhaseTimer(metrics::SinkTo(serving_metrics.get()),
+                                            {.sample_every = o.phase_timing_every});
+    if (!timer.ok()) return Fail(timer.status());
+    phase_timer = std::move(*timer);
+  }
+  LoadStats load;
+  auto engine_or = StartEngine(o, serving_metrics.get(), phase_timer.get(), &load);
   if (!engine_or.ok()) return Fail(engine_or.status());
   Engine& engine = **engine_or;
-  const double load_s = absl::ToDoubleSeconds(absl::Now() - t_start);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -187,7 +224,7 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   const std::string ready = ReadyLine(o, port, metrics_server.get());
   if (serving_metrics) {
     const double total_s = absl::ToDoubleSeconds(absl::Now() - t_start);
-    serving_metrics->SetStartup(load_s, 0, 0, total_s);
+    serving_metrics->SetStartup(load.seconds, static_cast<double>(load.bytes), 0, total_s);
   }
   if (!o.ready_file.empty()) {
     if (absl::Status s = WriteReadyFile(o.ready_file, ready); !s.ok()) return Fail(s);

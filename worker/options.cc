@@ -53,6 +53,7 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
   DSV4_RETURN_IF_ERROR(Range("--page-rows", o.page_rows, 1, 4096));
   DSV4_RETURN_IF_ERROR(Range("--prefill-chunk", o.prefill_chunk, 1, 1 << 20));
   DSV4_RETURN_IF_ERROR(Range("--threads", o.threads, 0, 1024));
+  DSV4_RETURN_IF_ERROR(Range("--phase-timing-every", o.phase_timing_every, 1, 1 << 20));
   if (o.kv_pages == 0 && !(o.mem_fraction > 0 && o.mem_fraction <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--mem-fraction ", o.mem_fraction, " must lie in (0, 1] when --kv-pages is 0"));

@@ -30,6 +30,7 @@ struct WorkerOptions {
   std::string ready_file;                  // --ready-file: "grpc=HOST:PORT metrics=HOST:PORT" once SERVING
   double drain_timeout_s = 30;             // --drain-timeout: SIGTERM drain budget, seconds
   std::string log_level = "info";          // --log-level
+  int phase_timing_every = 64;             // --phase-timing-every: time the phases of 1 step in N (needs metrics)
 };
 
 // INVALID_ARGUMENT naming the flag and the allowed range; UNIMPLEMENTED for options this build cannot serve.

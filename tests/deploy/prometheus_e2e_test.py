@@ -74,17 +74,22 @@ def scalar_sum(result):
 
 
 def grpc_stubs(tmp):
-    """Generates Python stubs for dsv4.v1 into tmp and imports them."""
-    from grpc_tools import protoc
-    import grpc_tools
+    """Generates Python stubs for dsv4.v1 into tmp and imports them. Uses the system protoc and
+    grpc_python_plugin (Debian's protobuf-compiler, protobuf-compiler-grpc): grpc_tools bundles protoc 3.5, which
+    rejects the proto3 `optional` fields of generate.proto."""
+    protoc, plugin = shutil.which("protoc"), shutil.which("grpc_python_plugin")
+    if not protoc or not plugin:
+        raise RuntimeError("needs protoc and grpc_python_plugin on PATH (apt-get install protobuf-compiler "
+                           "protobuf-compiler-grpc)")
     proto_dir = os.path.join(SRC, "proto")
-    include = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
-    files = [os.path.join(proto_dir, "dsv4", "v1", n) for n in ("generate.proto", "coordinator.proto")]
-    rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{include}", f"--python_out={tmp}", f"--grpc_python_out={tmp}",
-                      *files])
-    if rc != 0:
-        raise RuntimeError("protoc failed on dsv4.v1 protos")
-    sys.path.insert(0, tmp)
+    os.makedirs(tmp, exist_ok=True)  # protoc writes into an existing folder only
+    files = [os.path.join(proto_dir, "dsv4", "v1", n) for n in ("generate.proto", "coordinator.proto", "worker.proto")]
+    r = subprocess.run([protoc, f"-I{proto_dir}", f"--plugin=protoc-gen-grpc_python={plugin}", f"--python_out={tmp}",
+                        f"--grpc_python_out={tmp}", *files], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"protoc failed on dsv4.v1 protos: {r.stderr}")
+    if tmp not in sys.path:
+        sys.path.insert(0, tmp)
     from dsv4.v1 import coordinator_pb2_grpc, generate_pb2  # noqa: E402
     return coordinator_pb2_grpc, generate_pb2
 
