@@ -121,8 +121,8 @@ class PrometheusEndToEndTest(unittest.TestCase):
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def start(self, name, argv):
-        log = open(os.path.join(self.tmp, name + ".log"), "w")
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        with open(os.path.join(self.tmp, name + ".log"), "w") as log:  # the child keeps its own descriptor
+            p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(p)
         return p
 
@@ -211,6 +211,18 @@ class PrometheusEndToEndTest(unittest.TestCase):
         self.assertEqual(got, received, "worker leaders' dsv4_generation_tokens_total vs tokens received")
         per_group = prom_query(base, 'sum by (group) (dsv4_generation_tokens_total{role="worker"})')
         self.assertEqual(sorted(s["metric"]["group"] for s in per_group), ["0", "1"], "groups reported apart")
+
+        # Decode time by phase reached Prometheus from both groups (the first step of each worker is sampled),
+        # with an attention share strictly between 0 and 1; start-up gauges and build info from every process.
+        for phase in ("attention", "moe", "dense"):
+            got = prom_query(base, f'dsv4_decode_gpu_seconds_total{{role="worker",phase="{phase}"}} > 0')
+            self.assertEqual(sorted(s["metric"]["group"] for s in got), ["0", "1"], f"phase {phase} seconds > 0")
+        got = prom_query(base, 'dsv4_attention_time_share{role="worker"} > 0 < 1')
+        self.assertEqual(len(got), 2, "attention share in (0, 1) for both groups")
+        got = prom_query(base, 'dsv4_startup_weight_load_bytes{role="worker"} > 0')
+        self.assertEqual(len(got), 2, "weight-load bytes reported by both workers")
+        got = prom_query(base, 'dsv4_build_info == 1')
+        self.assertEqual(sorted(s["metric"]["role"] for s in got), ["coordinator", "worker", "worker"])
 
         # Every dashboard query and alert expression evaluates (template variables set to "all").
         d = json.loads(make_dashboard.render())
