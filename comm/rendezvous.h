@@ -97,8 +97,9 @@ absl::StatusOr<Group> JoinGroup(const GroupOptions& options);
 absl::StatusOr<dsv4::v1::RendezvousResponse> CallRendezvous(const GroupOptions& options);
 
 // A stable fingerprint of a checkpoint folder: FNV-1a 64 over config.json, hf_quant_config.json (if present),
-// model.safetensors.index.json (if present) and the JSON header of every .safetensors file, in name order.
-// Reads headers only (milliseconds for a 160 GB checkpoint). "fnv1a64:<16 hex digits>".
+// model.safetensors.index.json (if present), and the JSON header plus the first 4 KiB of tensor data of every
+// .safetensors file, in name order (the data sample tells apart checkpoints of one shape, e.g. another seed).
+// Reads a few KiB per file (milliseconds for a 160 GB checkpoint). "fnv1a64:<16 hex digits>".
 absl::StatusOr<std::string> CheckpointFingerprint(const std::string& dir);
 
 }  // namespace dsv4::comm

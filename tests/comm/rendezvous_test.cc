@@ -200,7 +200,7 @@ TEST(RendezvousTest, FollowerOptionsAreValidated) {
   EXPECT_EQ(RendezvousLeader::Create(Options(0, 0)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(CheckpointFingerprintTest, ChangesWithConfigAndHeadersOnly) {
+TEST(CheckpointFingerprintTest, ChangesWithConfigHeadersAndLeadingData) {
   const std::string dir = testing::MakeTempDir("fp");
   auto write = [&](const std::string& name, const std::string& bytes) {
     std::ofstream(dir + "/" + name, std::ios::binary) << bytes;
@@ -215,8 +215,15 @@ TEST(CheckpointFingerprintTest, ChangesWithConfigAndHeadersOnly) {
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_THAT(*a, ::testing::StartsWith("fnv1a64:"));
   EXPECT_EQ(*CheckpointFingerprint(dir), *a) << "stable";
-  write("model.safetensors", st.substr(0, st.size() - 4) + "ATAD");  // tensor bytes are not part of it
-  EXPECT_EQ(*CheckpointFingerprint(dir), *a);
+  // The leading tensor bytes are part of it (a checkpoint of the same shape with other values, e.g. another
+  // seed); bytes past the first 4 KiB of data are not read.
+  write("model.safetensors", st.substr(0, st.size() - 4) + "ATAD");
+  EXPECT_NE(*CheckpointFingerprint(dir), *a);
+  write("model.safetensors", st + std::string(4096, 'x'));
+  const std::string long_a = *CheckpointFingerprint(dir);
+  write("model.safetensors", st + std::string(4092, 'x') + "yyyy");
+  EXPECT_EQ(*CheckpointFingerprint(dir), long_a);
+  write("model.safetensors", st);
   write("config.json", R"({"hidden_size": 1024})");
   EXPECT_NE(*CheckpointFingerprint(dir), *a);
   std::filesystem::remove(dir + "/config.json");
