@@ -10,6 +10,9 @@
 namespace dsv4::model {
 class Dsv4Model;
 }
+namespace dsv4::comm {
+class Communicator;
+}
 namespace dsv4::metrics {
 class PhaseTimer;
 }
@@ -21,9 +24,12 @@ struct Dsv4ExecutorOptions {
   std::string mode = "exact";  // exact | production
   int threads = 0;             // 0 = all cores
   metrics::PhaseTimer* phase_timer = nullptr;  // the forward marks its phases on it; null = no timing
+  // Tensor parallelism (docs/tensor-parallel.md): the group's data communicator. The model then loads only
+  // this rank's shard and all-reduces / gathers inside its forward. Null: the whole model (world 1).
+  comm::Communicator* tp_comm = nullptr;
 };
 
-// Loads the checkpoint; errors name the tensor or field that failed.
+// Loads the checkpoint (this rank's shard with tp_comm); errors name the tensor or field that failed.
 absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4ExecutorOptions& options);
 
 }  // namespace dsv4::worker

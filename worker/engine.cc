@@ -252,6 +252,8 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
   if (!status.ok()) {
     DSV4_LOG_ERROR("forward failed for a batch of {}: {}", plan.size(), status.ToString());
     for (const ScheduledChunk& c : plan) {
+      // UNAVAILABLE: the tensor-parallel group lost a rank; the stream ends with that status (retry elsewhere).
+      if (absl::IsUnavailable(status)) c.request->sink->OnFailure(status);
       Finish(c.request->handle, RequestState::kFailed, dsv4::v1::FINISH_REASON_ERROR, status.ToString());
     }
     return;

@@ -1,18 +1,23 @@
-// dsv4-worker: one worker process (rank 0 of a group of world 1 for now) serving dsv4.v1.Worker over gRPC.
+// dsv4-worker: one rank of a worker group (tensor parallel, docs/tensor-parallel.md) serving dsv4.v1.Worker.
 //
 //   dsv4-worker --checkpoint DIR --listen 127.0.0.1:0 --backend cpu --max-batch 32 --max-context 4096
 //     --kv-pages N --prefill-chunk 256 --mode exact --group G --rank 0 --world 1
 //     --metrics-listen 127.0.0.1:0 --ready-file PATH --drain-timeout 30
+//   world T > 1: rank 0 as above plus --host ADDR; ranks 1..T-1 with --rank r --world T --leader RANK0_HOST:PORT
 //
-// Start-up: flags -> options check -> load weights -> size and allocate KV pools -> start the engine -> start
-// gRPC (health SERVING only now) -> write the ready file "grpc=HOST:PORT metrics=HOST:PORT" (temp + rename).
-// Any failure before that prints one line naming the problem and exits non-zero. SIGTERM/SIGINT: health
-// NOT_SERVING, stop admitting, finish in-flight requests within --drain-timeout (abort the rest), exit 0.
+// Start-up (rank 0): flags -> options check -> gRPC up, NOT_SERVING (world > 1: rendezvous store first, then
+// wait for every follower, --startup-timeout) -> load weights (the rank's shard) -> size and allocate KV pools ->
+// start the engine -> health SERVING -> write the ready file "grpc=HOST:PORT metrics=HOST:PORT" (temp + rename).
+// Followers: tp_group.h. Any failure before that prints one line naming the problem and exits non-zero.
+// SIGTERM/SIGINT: health NOT_SERVING, stop admitting, finish in-flight requests within --drain-timeout (abort
+// the rest), exit 0 (the lock-step leader's shutdown plan then releases the followers).
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 #include <algorithm>
@@ -35,6 +40,7 @@
 #include "worker/kv_manager.h"
 #include "worker/options.h"
 #include "worker/service.h"
+#include "worker/tp_group.h"
 
 namespace {
 const dsv4::worker::WorkerOptions kDefaults;
@@ -55,7 +61,11 @@ ABSL_FLAG(std::string, mode, kDefaults.mode, "exact | production");
 ABSL_FLAG(int, threads, kDefaults.threads, "CPU threads for the model; 0 = all cores");
 ABSL_FLAG(std::string, group, kDefaults.group, "worker group id (metric label)");
 ABSL_FLAG(int, rank, kDefaults.rank, "rank inside the group");
-ABSL_FLAG(int, world, kDefaults.world, "ranks in the group (1 only for now)");
+ABSL_FLAG(int, world, kDefaults.world, "ranks in the tensor-parallel group (docs/tensor-parallel.md)");
+ABSL_FLAG(std::string, host, kDefaults.host, "this rank's address the other ranks of the group reach");
+ABSL_FLAG(std::string, leader, kDefaults.leader, "rank 0's gRPC host:port (required on ranks >= 1)");
+ABSL_FLAG(double, startup_timeout, kDefaults.startup_timeout_s, "seconds for every rank to join the group");
+ABSL_FLAG(double, comm_timeout, kDefaults.comm_timeout_s, "deadline of one collective, seconds");
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen, "host:port for /metrics; empty = off");
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file, "file to write 'grpc=HOST:PORT metrics=HOST:PORT' to");
 ABSL_FLAG(double, drain_timeout, kDefaults.drain_timeout_s, "seconds to finish in-flight requests on SIGTERM");
@@ -84,6 +94,10 @@ WorkerOptions OptionsFromFlags() {
   o.group = absl::GetFlag(FLAGS_group);
   o.rank = absl::GetFlag(FLAGS_rank);
   o.world = absl::GetFlag(FLAGS_world);
+  o.host = absl::GetFlag(FLAGS_host);
+  o.leader = absl::GetFlag(FLAGS_leader);
+  o.startup_timeout_s = absl::GetFlag(FLAGS_startup_timeout);
+  o.comm_timeout_s = absl::GetFlag(FLAGS_comm_timeout);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout);
@@ -137,15 +151,20 @@ struct LoadStats {
   int64_t bytes = 0;
 };
 
-// Loads the weights, sizes and allocates the KV pools (logged) and starts the engine thread. phase_timer (may
+// Loads the weights (this rank's shard when `group` is set, then wrapped in the lock-step leader whose
+// on_failure is `on_group_failure`), sizes and allocates the KV pools (logged) and starts the engine thread. phase_timer (may
 // be null) is marked by the forward and the engine; it must outlive the engine.
 absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metrics::ServingMetrics* metrics,
-                                                    metrics::PhaseTimer* phase_timer, LoadStats* load) {
+                                                    metrics::PhaseTimer* phase_timer, LoadStats* load,
+    comm::Group* group, std::function<void(const absl::Status&)> on_group_failure) {
   load->bytes = CheckpointBytes(o.checkpoint);
   metrics::LoadProgress progress("weights", load->bytes);  // one "done" line with GB/s (no per-tensor hook yet)
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
                         LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads,
-                                          .phase_timer = phase_timer}));
+                                          .phase_timer = phase_timer,
+                                          .tp_comm = group != nullptr ? &group->data() : nullptr}));
+  LogResident(o);
+  if (group != nullptr) executor = WrapLeader(std::move(executor), *group, o, std::move(on_group_failure));
   progress.Add(load->bytes);
   load->seconds = progress.Finish();
   DSV4_ASSIGN_OR_RETURN(KvSizing sizing, PlanKvSizing(*executor, {.page_rows = o.page_rows,
@@ -200,26 +219,56 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     if (!timer.ok()) return Fail(timer.status());
     phase_timer = std::move(*timer);
   }
-  LoadStats load;
-  auto engine_or = StartEngine(o, serving_metrics.get(), phase_timer.get(), &load);
-  if (!engine_or.ok()) return Fail(engine_or.status());
-  Engine& engine = **engine_or;
+  // World > 1: the rendezvous store exists before the server answers Worker.Rendezvous.
+  auto rendezvous_or = MakeRendezvousLeader(o);
+  if (!rendezvous_or.ok()) return Fail(rendezvous_or.status());
+  std::unique_ptr<comm::RendezvousLeader> rendezvous = std::move(*rendezvous_or);
 
+  // The server starts before the engine (NOT_SERVING; Generate answers UNAVAILABLE) so followers can join.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<grpc::Server> server;
-  WorkerService service(&engine, {.max_context = o.max_context,
-                                  .world = o.world,
-                                  .default_drain_timeout_s = o.drain_timeout_s,
-                                  .on_drain = [&server] {
-                                    server->GetHealthCheckService()->SetServingStatus(false);
-                                  }});
+  ServiceOptions service_options{.max_context = o.max_context,
+                                 .world = o.world,
+                                 .default_drain_timeout_s = o.drain_timeout_s,
+                                 .on_drain = [&server] {
+                                   server->GetHealthCheckService()->SetServingStatus(false);
+                                 },
+                                 .rendezvous = nullptr};
+  if (rendezvous) {
+    service_options.rendezvous = [r = rendezvous.get()](const auto& request, auto* response) {
+      return r->Handle(request, response);
+    };
+  }
+  WorkerService service(nullptr, std::move(service_options));
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
   server = builder.BuildAndStart();
   if (!server || port == 0) return Fail(absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind")));
+  server->GetHealthCheckService()->SetServingStatus(false);
+  // Later start-up failures stop the server first: `service` goes out of scope before `server`.
+  auto fail = [&server](const absl::Status& s) {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    return Fail(s);
+  };
+
+  std::optional<comm::Group> group;  // declared before the engine: the lock-step leader inside uses it
+  if (rendezvous) {
+    auto formed = rendezvous->FormGroup();  // DEADLINE_EXCEEDED naming the missing ranks after --startup-timeout
+    if (!formed.ok()) return fail(formed.status());
+    group = std::move(*formed);
+  }
+  LoadStats load;
+  auto engine_or = StartEngine(o, serving_metrics.get(), phase_timer.get(), &load, group ? &*group : nullptr,
+                               [&server](const absl::Status& s) {
+                                 DSV4_LOG_ERROR("worker group broken: {}; health NOT_SERVING", s.ToString());
+                                 server->GetHealthCheckService()->SetServingStatus(false);
+                               });
+  if (!engine_or.ok()) return fail(engine_or.status());
+  Engine& engine = **engine_or;
+  service.AttachEngine(&engine);
   server->GetHealthCheckService()->SetServingStatus(true);
   const std::string ready = ReadyLine(o, port, metrics_server.get());
   if (serving_metrics) {
@@ -242,6 +291,14 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   engine.Stop();
   DSV4_LOG_INFO("exiting");
   return 0;
+}
+
+// Ranks >= 1 of a group: follow the leader's steps; the ready file names the follower's health endpoint.
+int RunFollower(const WorkerOptions& o, const sigset_t& signals) {
+  const absl::Status s = RunFollowerRank(o, signals, [&o](int port) {
+    return o.ready_file.empty() ? absl::OkStatus() : WriteReadyFile(o.ready_file, ReadyLine(o, port, nullptr));
+  });
+  return s.ok() ? 0 : Fail(s);
 }
 
 }  // namespace
@@ -272,5 +329,6 @@ int main(int argc, char** argv) {
   const dsv4::worker::WorkerOptions options = dsv4::worker::OptionsFromFlags();
   if (absl::Status s = dsv4::worker::ValidateOptions(options); !s.ok()) return dsv4::worker::Fail(s);
   dsv4::InitLogging("worker", options.rank, options.log_level);
+  if (options.rank > 0) return dsv4::worker::RunFollower(options, signals);
   return dsv4::worker::Run(options, signals);
 }

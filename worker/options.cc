@@ -58,11 +58,22 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--mem-fraction ", o.mem_fraction, " must lie in (0, 1] when --kv-pages is 0"));
   }
-  if (o.world != 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("--world ", o.world, ": tensor parallelism is not built into this worker yet (use --world 1)"));
-  }
+  DSV4_RETURN_IF_ERROR(Range("--world", o.world, 1, 1024));
   DSV4_RETURN_IF_ERROR(Range("--rank", o.rank, 0, o.world - 1));
+  if (o.rank > 0) {
+    if (o.leader.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--leader is required on rank ", o.rank,
+                                                     " (the rank-0 worker's gRPC host:port)"));
+    }
+    DSV4_RETURN_IF_ERROR(ParseHostPort("--leader", o.leader, &host, &port));
+  }
+  if (o.host.empty()) return absl::InvalidArgumentError("--host must name this rank's reachable address");
+  if (!(o.startup_timeout_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--startup-timeout ", o.startup_timeout_s, " must be > 0"));
+  }
+  if (!(o.comm_timeout_s > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--comm-timeout ", o.comm_timeout_s, " must be > 0"));
+  }
   if (!(o.drain_timeout_s >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("--drain-timeout ", o.drain_timeout_s, " must be >= 0"));
   }

@@ -25,7 +25,11 @@ struct WorkerOptions {
   int threads = 0;                         // --threads: CPU threads in the model; 0 = all cores
   std::string group = "0";                 // --group: worker group (replica) id, used in metric labels
   int rank = 0;                            // --rank
-  int world = 1;                           // --world: ranks in the group (1 only, for now)
+  int world = 1;                           // --world: ranks in the group (tensor parallel; divides heads, experts)
+  std::string host = "127.0.0.1";          // --host: this rank's address the other ranks reach (Gloo, store)
+  std::string leader;                      // --leader: rank 0's gRPC host:port (required on ranks >= 1)
+  double startup_timeout_s = 60;           // --startup-timeout: every rank must join the group within this
+  double comm_timeout_s = 30;              // --comm-timeout: deadline of one collective (a hung rank's detection)
   std::string metrics_listen;              // --metrics-listen: host:port for /metrics; empty = off
   std::string ready_file;                  // --ready-file: "grpc=HOST:PORT metrics=HOST:PORT" once SERVING
   double drain_timeout_s = 30;             // --drain-timeout: SIGTERM drain budget, seconds

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "dsv4/v1/generate.pb.h"
 #include "worker/model_executor.h"
@@ -38,6 +39,9 @@ class RequestSink {
   virtual ~RequestSink() = default;
   // New token ids; `last` responses carry finish_reason and usage.
   virtual void OnResponse(dsv4::v1::GenerateResponse response, bool last) = 0;
+  // Called before the final response when the request failed for a reason the caller should see as the call's
+  // status (a tensor-parallel group lost a rank: UNAVAILABLE, retry elsewhere). Default: ignored.
+  virtual void OnFailure(const absl::Status& /*status*/) {}
 };
 
 struct Request {

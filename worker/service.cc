@@ -24,6 +24,8 @@ class StreamSink final : public RequestSink {
  public:
   explicit StreamSink(GenerateReactor* reactor) : reactor_(reactor) {}
   void OnResponse(GenerateResponse response, bool last) override;
+  // The call ends with `status` instead of OK after the final message (the group lost a rank: UNAVAILABLE).
+  void OnFailure(const absl::Status& status) override;
   // Reactor side: the write of the front message finished.
   void OnWriteDone(bool ok);
   // Reactor side: the client went away.
@@ -36,7 +38,7 @@ class StreamSink final : public RequestSink {
  private:
   // Starts the next write or the Finish, if one is due. Called with mu_ held; the gRPC call happens after
   // unlocking (StartWrite may run reactions inline).
-  enum class Next { kNothing, kWrite, kFinishOk, kFinishCancelled };
+  enum class Next { kNothing, kWrite, kFinishOk, kFinishCancelled, kFinishFailed };
   Next PickNext() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Act(Next next, GenerateReactor* reactor);
 
@@ -47,6 +49,7 @@ class StreamSink final : public RequestSink {
   bool got_last_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);  // set by OnFailure; the call's final status when not OK
   GenerateResponse* in_flight_ = nullptr;  // the message being written (front of queue_)
 };
 
@@ -93,6 +96,11 @@ void StreamSink::OnResponse(GenerateResponse response, bool last) {
   Act(next, reactor);
 }
 
+void StreamSink::OnFailure(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (failure_.ok()) failure_ = status;
+}
+
 void StreamSink::OnWriteDone(bool ok) {
   Next next;
   GenerateReactor* reactor;
@@ -132,7 +140,7 @@ StreamSink::Next StreamSink::PickNext() {
   }
   if (got_last_) {
     finished_ = true;
-    return Next::kFinishOk;
+    return failure_.ok() ? Next::kFinishOk : Next::kFinishFailed;
   }
   return Next::kNothing;
 }
@@ -146,24 +154,52 @@ void StreamSink::Act(Next next, GenerateReactor* reactor) {
     case Next::kFinishCancelled:
       reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "generate call cancelled"));
       return;
+    case Next::kFinishFailed: {
+      absl::Status failure;
+      {
+        absl::MutexLock lock(&mu_);
+        failure = failure_;
+      }
+      reactor->Finish(ToGrpcStatus(failure));
+      return;
+    }
   }
 }
+
+constexpr char kNotReady[] = "worker is starting: the engine is not up yet";
+
+// Generate before the engine exists (a group still forming; health is NOT_SERVING then).
+class NotReadyReactor final : public grpc::ServerWriteReactor<GenerateResponse> {
+ public:
+  NotReadyReactor() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, kNotReady)); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace
 
 WorkerService::WorkerService(Engine* engine, ServiceOptions options)
     : engine_(engine), options_(std::move(options)) {}
 
+Engine* WorkerService::EngineOrFinish(grpc::ServerUnaryReactor* reactor) const {
+  Engine* engine = engine_.load(std::memory_order_acquire);
+  if (engine == nullptr) reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, kNotReady));
+  return engine;
+}
+
 grpc::ServerWriteReactor<GenerateResponse>* WorkerService::Generate(grpc::CallbackServerContext* context,
                                                                     const dsv4::v1::GenerateRequest* request) {
-  return new GenerateReactor(engine_, *request);
+  Engine* engine = engine_.load(std::memory_order_acquire);
+  if (engine == nullptr) return new NotReadyReactor();
+  return new GenerateReactor(engine, *request);
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* context,
                                                  const dsv4::v1::GetLoadRequest* request,
                                                  dsv4::v1::GetLoadResponse* response) {
-  *response = engine_->GetLoad();
   auto* reactor = context->DefaultReactor();
+  Engine* engine = EngineOrFinish(reactor);
+  if (engine == nullptr) return reactor;
+  *response = engine->GetLoad();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -172,10 +208,12 @@ grpc::ServerUnaryReactor* WorkerService::Drain(grpc::CallbackServerContext* cont
                                                const dsv4::v1::DrainRequest* request,
                                                dsv4::v1::DrainResponse* response) {
   auto* reactor = context->DefaultReactor();
+  Engine* engine = EngineOrFinish(reactor);
+  if (engine == nullptr) return reactor;
   const double timeout_s = request->timeout_s() > 0 ? request->timeout_s() : options_.default_drain_timeout_s;
   DSV4_LOG_INFO("drain requested (timeout {:.1f} s)", timeout_s);
   if (options_.on_drain) options_.on_drain();
-  engine_->Drain(absl::Seconds(timeout_s), [reactor, response](int finished, int aborted) {
+  engine->Drain(absl::Seconds(timeout_s), [reactor, response](int finished, int aborted) {
     response->set_finished(finished);
     response->set_aborted(aborted);
     reactor->Finish(grpc::Status::OK);
@@ -187,17 +225,27 @@ grpc::ServerUnaryReactor* WorkerService::Rendezvous(grpc::CallbackServerContext*
                                                     const dsv4::v1::RendezvousRequest* request,
                                                     dsv4::v1::RendezvousResponse* response) {
   auto* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                               absl::StrCat("this worker group runs --world ", options_.world,
-                                            ": no followers can join (rendezvous from rank ", request->rank(),
-                                            " refused; tensor parallelism is not built in yet)")));
+  if (options_.rendezvous) {
+    reactor->Finish(ToGrpcStatus(options_.rendezvous(*request, response)));
+    return reactor;
+  }
+  reactor->Finish(grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      options_.world == 1
+          ? absl::StrCat("this worker runs --world 1: no followers can join (rendezvous from rank ",
+                         request->rank(), " refused)")
+          : absl::StrCat("this worker is a follower, not the leader (rank 0) of its group: rendezvous from rank ",
+                         request->rank(), " refused; point --leader at rank 0")));
   return reactor;
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContext* context,
                                                       const dsv4::v1::GetModelInfoRequest* request,
                                                       dsv4::v1::GetModelInfoResponse* response) {
-  const ModelInfo& info = engine_->model_info();
+  auto* reactor = context->DefaultReactor();
+  Engine* engine = EngineOrFinish(reactor);
+  if (engine == nullptr) return reactor;
+  const ModelInfo& info = engine->model_info();
   response->set_model_name(info.model_name);
   response->set_vocab_size(info.vocab_size);
   response->set_max_context(options_.max_context);
@@ -205,7 +253,6 @@ grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContex
   response->set_bos_token_id(info.bos_token_id);
   response->set_num_layers(info.num_layers);
   response->set_weight_format(info.weight_format);
-  auto* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }

@@ -4,6 +4,7 @@
 // queue-full come back at once as the call's status) and streams what the engine hands its sink: one message per
 // step with the new token ids, the last with finish_reason and usage. Client cancellation (OnCancel) asks the
 // engine to abort the request; the engine frees its pages at the next step boundary.
+// Rendezvous: delegates to options.rendezvous (the group leader's comm::RendezvousLeader::Handle).
 // GetLoad, GetModelInfo, Drain, Rendezvous: unary reactors that never wait on the engine (Drain's reply is sent
 // from the engine thread when the drain completes).
 //
@@ -11,6 +12,7 @@
 // StreamSink mutex serialises the two; no reaction blocks.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <string>
 
@@ -24,11 +26,17 @@ struct ServiceOptions {
   int world = 1;
   double default_drain_timeout_s = 30;
   std::function<void()> on_drain;  // called when a Drain starts (the process flips health to NOT_SERVING)
+  // The Worker.Rendezvous body (comm::RendezvousLeader::Handle on a group's leader; must not block). Unset:
+  // every rendezvous is refused with FAILED_PRECONDITION (world 1, or a follower: it is not the leader).
+  std::function<absl::Status(const dsv4::v1::RendezvousRequest&, dsv4::v1::RendezvousResponse*)> rendezvous;
 };
 
 class WorkerService final : public dsv4::v1::Worker::CallbackService {
  public:
+  // `engine` may be null while a group forms (the server must be up for followers to rendezvous): until
+  // AttachEngine, Generate, GetLoad, GetModelInfo and Drain answer UNAVAILABLE.
   WorkerService(Engine* engine, ServiceOptions options);
+  void AttachEngine(Engine* engine) { engine_.store(engine, std::memory_order_release); }
 
   grpc::ServerWriteReactor<dsv4::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const dsv4::v1::GenerateRequest* request) override;
@@ -44,7 +52,10 @@ class WorkerService final : public dsv4::v1::Worker::CallbackService {
                                          dsv4::v1::GetModelInfoResponse* response) override;
 
  private:
-  Engine* engine_;
+  // The engine, or UNAVAILABLE "still starting" (set on `reactor`) when none is attached yet.
+  Engine* EngineOrFinish(grpc::ServerUnaryReactor* reactor) const;
+
+  std::atomic<Engine*> engine_;
   ServiceOptions options_;
 };
 
