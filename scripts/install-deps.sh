@@ -7,7 +7,7 @@ pkgs=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgloo-dev libgtest-dev libgmock-dev
   nlohmann-json3-dev libspdlog-dev
-  python3 python3-numpy python3-grpcio python3-grpc-tools
+  python3 python3-numpy python3-grpcio python3-grpc-tools python3-yaml
   prometheus
 )
 missing=()

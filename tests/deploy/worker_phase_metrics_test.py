@@ -136,6 +136,25 @@ class WorkerPhaseMetricsTest(unittest.TestCase):
         self.assertGreater(total, 0.0)
         self.assertLess(total, 0.5 * value(m, "dsv4_e2e_request_latency_seconds_sum"))
 
+    def test_request_lines_carry_time_level_role_and_request_id(self):
+        import grpc
+        addr = self.start_worker()
+        grpc_stubs(os.path.join(self.tmp, "stubs"))
+        from dsv4.v1 import generate_pb2, worker_pb2_grpc  # noqa: E402
+        with grpc.insecure_channel(addr["grpc"]) as channel:
+            req = generate_pb2.GenerateRequest(request_id="bad-token-7", prompt_token_ids=[1, 10**8],
+                                               sampling=generate_pb2.SamplingParams(max_new_tokens=2))
+            with self.assertRaises(grpc.RpcError) as e:
+                list(worker_pb2_grpc.WorkerStub(channel).Generate(req, timeout=60))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.log.flush()
+        with open(os.path.join(self.tmp, "worker.log")) as f:
+            lines = f.read().splitlines()
+        line = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3} [A-Z] worker\[0\] .*req=bad-token-7 rejected")
+        self.assertTrue(any(line.match(ln) for ln in lines), "\n".join(lines[-10:]))
+        # Start-up logged its load line (GB/s) through the same logger.
+        self.assertTrue(any(re.search(r" I worker\[0\] weights: .*GB/s", ln) for ln in lines), "\n".join(lines))
+
     def test_bad_flag_is_refused(self):
         r = subprocess.run([WORKER, f"--checkpoint={self.ckpt}", "--phase-timing-every=0"], capture_output=True,
                            text=True, timeout=60)
