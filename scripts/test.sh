@@ -9,6 +9,8 @@ bash scripts/install-deps.sh
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/dsv4-ccache}
+# Relative paths in the cache key, so clones in other folders (CI) reuse the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$(pwd)}
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=${BUILD_TYPE:-Release}
 cmake --build "$BUILD_DIR" -j"$JOBS"
