@@ -3,7 +3,10 @@
 # passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling:
 #   STEPS="test bench" bash bench/sparse_mla/run_h200.sh
 # Steps: test, memcheck, racecheck, bench, bench_heads, bench_w8 (the 8-warp kernel), bench_mtiles (wide
-# kernel with 16- / 32-head blocks at small batch), ncu, ncu_stalls, sass. BUNDLE: the bundle folder.
+# kernel with 16- / 32-head blocks at small batch), base (a baseline build bundled as bin/sparse_mla_bench_base,
+# same-run comparison), bench_pdl (combine with programmatic dependent launch), ncu_combine (the combine kernel
+# of the baseline and this build at NCU_BATCH), sweep32 (split counts at B = 32), comm (NCCL comm_gpu_test, if bundled), ncu,
+# ncu_stalls, sass. BUNDLE: the bundle folder.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -17,11 +20,21 @@ for step in $STEPS; do
     test) timeout 240 $B/bin/sparse_mla_test --gtest_color=no > "$OUT/test.txt" 2>&1
           echo "rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|rel_err\(global\)" "$OUT/test.txt" | grep -E "FAILED|PASSED|SKIPPED" | head -30 ;;
     memcheck) timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*:*B2_*_w16_m4:*B16_H128*m2' \
+          --gtest_filter='*split130*:*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*:*B2_*_w16_m4:*B16_H128*m2' \
           > "$OUT/memcheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/memcheck.txt" ;;
     racecheck) timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*B1_H16_K128p256*:*B3_H16*:*B2_*_w16_m4:*B1_H64_K128p512*_m1' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
+          --gtest_filter='*split130*:*B1_H16_K128p256*:*B3_H16*:*B2_*_w16_m4:*B1_H64_K128p512*_m1' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
     bench) timeout 240 $B/bin/sparse_mla_bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "rc=$?"; cat "$OUT/bench.txt" ;;
+    base) timeout 120 $B/bin/sparse_mla_bench_base --kernels=mma --batches=${BASE_BATCHES:-1,16,32,64,128} --mma_peak=false \
+          --reps=50 > "$OUT/bench_base.txt" 2>&1; echo "rc=$? (baseline binary)"; grep "^| [0-9]" "$OUT/bench_base.txt" ;;
+    bench_pdl) timeout 120 $B/bin/sparse_mla_bench --pdl=1 --kernels=mma --batches=${PDL_BATCHES:-1,4,16,32,64} --mma_peak=false \
+          --reps=50 > "$OUT/bench_pdl.txt" 2>&1; echo "rc=$? (combine with PDL)"; grep "^| [0-9]" "$OUT/bench_pdl.txt" ;;
+    ncu_combine) for bin in sparse_mla_bench_base sparse_mla_bench; do timeout 100 ncu --clock-control none -k regex:Combine -c 1 \
+          --section SpeedOfLight $B/bin/$bin --batches=${NCU_BATCH:-32} --reps=1 --kernels=mma --pool_mb=100 --mma_peak=false \
+          > "$OUT/ncu_combine_$bin.txt" 2>&1; echo "rc=$? $bin"; grep -E "Duration|DRAM Through|Memory Through" "$OUT/ncu_combine_$bin.txt"; done ;;
+    sweep32) for sp in 2 3 4 5 6 8; do timeout 60 $B/bin/sparse_mla_bench --warps=8 --splits=$sp --kernels=mma --batches=32 \
+          --mma_peak=false --reps=50 2>&1 | grep "^| 32" | sed "s/^/splits=$sp /"; done | tee "$OUT/sweep32.txt" ;;
+    comm) timeout 120 $B/bin/comm_gpu_test --gtest_color=no > "$OUT/comm.txt" 2>&1; echo "rc=$?"; grep -E "^\[" "$OUT/comm.txt" | tail -12 ;;
     bench_w16) timeout 120 $B/bin/sparse_mla_bench --warps=16 --m_tiles=4 --kernels=mma --batches=8,16,32,64,128 \
           --mma_peak=false --reps=50 > "$OUT/bench_w16.txt" 2>&1; echo "rc=$?"; tail -8 "$OUT/bench_w16.txt" ;;
     bench_w8) timeout 120 $B/bin/sparse_mla_bench --warps=8 --kernels=mma --batches=1,32,128 --mma_peak=false \
@@ -29,14 +42,15 @@ for step in $STEPS; do
     bench_mtiles) for m in 1 2; do timeout 120 $B/bin/sparse_mla_bench --m_tiles=$m --kernels=mma \
           --batches=${MT_BATCHES:-1,4,16,32} --mma_peak=false --reps=50 > "$OUT/bench_m$m.txt" 2>&1; echo "rc=$?"
           tail -6 "$OUT/bench_m$m.txt"; done ;;
-    bench_heads) for h in 16 128; do timeout 120 $B/bin/sparse_mla_bench --heads=$h --batches=1,32,128 --reps=50 \
+    bench_heads) for h in 16 128; do timeout 120 $B/bin/sparse_mla_bench --heads=$h --batches=1,32,128 --reps=50 ${HEADS_ARGS:-} \
           > "$OUT/bench_h$h.txt" 2>&1; echo "rc=$?"; tail -6 "$OUT/bench_h$h.txt"; done ;;
     ncu) timeout 200 ncu --clock-control none --set full -k regex:SparseMlaMma -c 2 \
           $B/bin/sparse_mla_bench --batches=${NCU_BATCH:-128} --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu.txt" 2>&1
           echo "rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|L2 Hit|Bank" "$OUT/ncu.txt" | head -40 ;;
     ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k regex:SparseMlaMma -c 1 \
           --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed_pipe_tensor.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
-          $B/bin/sparse_mla_bench --batches=$nb --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu_stalls_b$nb.txt" 2>&1
+          $B/bin/sparse_mla_bench --batches=$nb --reps=1 --kernels=mma --pool_mb=100 --mma_peak=false ${NCU_ARGS:-} \
+          > "$OUT/ncu_stalls_b$nb.txt" 2>&1
           echo "rc=$? B=$nb"; grep -E "stalled|tensor|inst_executed" "$OUT/ncu_stalls_b$nb.txt" | awk '$NF+0 > 0.05 || /tensor|inst_executed.sum/' | head -30; done ;;
     sass_wide) cuobjdump -sass $B/bin/sparse_mla_bench | awk '/Function : .*WideKernelILi4E/ {on=1} /Function : / && !/WideKernelILi4E/ {on=0} on' \
           > "$OUT/sass_wide4.txt"; echo "wide<4> SASS lines: $(wc -l < "$OUT/sass_wide4.txt")"

@@ -113,6 +113,20 @@ __device__ __forceinline__ bool LocateRow(const SparseMlaParams& p, int b, int p
   return true;
 }
 
+// Programmatic dependent launch (sm_90+; no-ops where the launch did not ask for it): the main kernels let
+// the split combine start launching once their blocks reach the epilogue, and the combine waits for the whole
+// main grid (and its memory) before reading the partials.
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrimaryGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Entries of one cache that sequence b uses: min(length, topk), or topk without lengths.
 __device__ __forceinline__ int UsedEntries(int topk, const int32_t* lengths, int b) {
   if (topk == 0) return 0;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/sparse_mla/sparse_mla_params.h"
 
@@ -24,9 +25,12 @@ int MmaWideSmemBytes(int m_tiles);
 cudaError_t PrepareMmaWideKernel(int m_tiles);
 cudaError_t LaunchMmaWideMain(const SparseMlaParams& p, int m_tiles, int num_splits, cudaStream_t stream);
 // Main kernel over (head group, split, sequence) -- the wide one when `wide`, else the 8-warp one with
-// tile_rows -- and, when num_splits > 1, the LSE combine kernel.
+// tile_rows -- and, when num_splits > 1, the LSE combine kernel (with programmatic dependent launch when pdl).
 cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, int m_tiles, int tile_rows, int num_splits,
-                            cudaStream_t stream);
+                            bool pdl, cudaStream_t stream);
+// Test hook (sparse_mla_dequant_check.cu): out[256 s + c] = the kernels' bf16 dequantisation of e4m3
+// code c under ue8m0 scale byte s, for all 256 x 256 pairs (out: 65,536 uint16 in device memory).
+cudaError_t LaunchDequantTable(uint16_t* out, cudaStream_t stream);
 // One block per (sequence, head), f32 on CUDA cores.
 cudaError_t LaunchSimtDecode(const SparseMlaParams& p, cudaStream_t stream);
 

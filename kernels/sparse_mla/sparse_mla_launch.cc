@@ -22,6 +22,8 @@ bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p)
 
 // Whether the automatic plan runs the wide kernel also when there are more than 8 64-head blocks.
 constexpr bool kWideAtLargeBatch = false;
+// Whether the automatic plan launches the split combine with programmatic dependent launch (sm_90+).
+constexpr bool kAutoPdl = false;
 
 }  // namespace
 
@@ -100,6 +102,13 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
     return absl::InvalidArgumentError(absl::StrCat("num_splits is ", plan.num_splits, ", at most 65535"));
   }
   plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits);
+  if (options.pdl < -1 || options.pdl > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("pdl is ", options.pdl, "; use 1 (on), -1 (off) or 0"));
+  }
+  int cc_major = 0;
+  DSV4_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device), "compute capability"));
+  plan.pdl = cc_major >= 9 && (options.pdl == 1 || (options.pdl == 0 && kAutoPdl));
   DSV4_RETURN_IF_ERROR(CudaStatus(plan.warps == 16 ? internal::PrepareMmaWideKernel(plan.m_tiles)
                                                    : internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows),
                                   "cudaFuncSetAttribute"));
@@ -134,7 +143,7 @@ absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMl
                                                    need, " bytes, 16-byte aligned"));
   }
   return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.m_tiles, plan.tile_rows,
-                                              plan.num_splits, stream),
+                                              plan.num_splits, plan.pdl, stream),
                     "MMA sparse-MLA launch");
 }
 

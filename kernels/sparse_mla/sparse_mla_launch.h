@@ -29,6 +29,7 @@ struct SparseMlaPlanOptions {
   int num_splits = 0;  // split-KV blocks per (sequence, head group)
   int warps = 0;       // MMA block width: 16 (wide kernel, 32-row tiles) or 8 (automatic: see MakeSparseMlaPlan)
   int m_tiles = 0;     // 16-head m-tiles per block: 1, 2 or 4 (automatic: see MakeSparseMlaPlan)
+  int pdl = 0;         // split combine with programmatic dependent launch: 1 on, -1 off (0 = automatic)
 };
 
 struct SparseMlaPlan {
@@ -41,6 +42,7 @@ struct SparseMlaPlan {
   int head_groups = 0;      // MMA: blocks per sequence along heads (H / (16 * m_tiles))
   int tile_rows = 0;        // MMA: KV rows per pipeline step
   int num_splits = 1;       // MMA: blocks per (sequence, head group) along the selected rows
+  bool pdl = false;         // MMA: the combine launches with programmatic dependent launch (sm_90+)
   int smem_bytes = 0;       // MMA: dynamic shared memory per block
   size_t workspace_bytes = 0;  // SparseMlaParams::workspace needed for max_batch
 };

@@ -361,6 +361,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
   }
 
   // ---- epilogue: per-head max / sums to every warp, then normalise and store ----
+  LaunchDependents();
   float* stat_m = reinterpret_cast<float*>(smem + C::kOffStatM);
   float* stat_l = reinterpret_cast<float*>(smem + C::kOffStatL);
   float* stat_lq = reinterpret_cast<float*>(smem + C::kOffStatLq);

@@ -6,12 +6,16 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/float_formats.h"
+#include "kernels/sparse_mla/sparse_mla_kernels.h"
 #include "kernels/sparse_mla/sparse_mla_launch.h"
 #include "tests/sparse_mla/sparse_mla_test_util.h"
 
@@ -237,13 +241,24 @@ INSTANTIATE_TEST_SUITE_P(
         Case({.batch = 16, .heads = 128, .topk_window = 64, .topk_extra = 448, .lengths = true, .holes = 0.1,
               .empty_every = 5, .seed = 120},
              {.num_splits = 3, .m_tiles = 2}),
-        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 121}, {.m_tiles = 1})),
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 121}, {.m_tiles = 1}),
+        // More splits than the combine kernel's shared (max, sum) buffer holds, 90 of them empty.
+        Case({.batch = 2, .heads = 16, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 130},
+             {.tile_rows = 16, .num_splits = 130}),
+        // The split combine with programmatic dependent launch, after each main kernel.
+        Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 6,
+              .seed = 131},
+             {.pdl = 1}),
+        Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 448, .lengths = true, .extreme = true,
+              .seed = 132},
+             {.pdl = 1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
       if (info.param.options.num_splits) name += "_split" + std::to_string(info.param.options.num_splits);
       if (info.param.options.warps) name += "_w" + std::to_string(info.param.options.warps);
       if (info.param.options.m_tiles) name += "_m" + std::to_string(info.param.options.m_tiles);
+      if (info.param.options.pdl) name += "_pdl" + std::to_string(info.param.options.pdl);
       return name;
     });
 
@@ -253,29 +268,32 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
   const HostProblem host = MakeProblem(s);
   DeviceProblem dev(host);
   ASSERT_TRUE(dev.ok());
-  auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, {});
-  ASSERT_TRUE(direct.ok()) << direct.status();
-  ASSERT_GT(direct->plan.num_splits, 1) << "the graph should hold the split and combine kernels";
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  ASSERT_TRUE(dev.Poison());
-  cudaGraph_t graph;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-  const absl::Status launched = LaunchSparseMlaDecode(dev.Params(), direct->plan, stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_TRUE(launched.ok()) << launched;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  std::vector<uint16_t> out;
-  std::vector<float> lse;
-  ASSERT_TRUE(dev.Download(out, lse));
-  EXPECT_TRUE(out == direct->out);
-  EXPECT_EQ(std::memcmp(lse.data(), direct->lse.data(), lse.size() * 4), 0);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  for (const int pdl : {-1, 1}) {  // the combine without and with programmatic dependent launch
+    SCOPED_TRACE(pdl == 1 ? "pdl on" : "pdl off");
+    auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, {.pdl = pdl});
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    ASSERT_GT(direct->plan.num_splits, 1) << "the graph should hold the split and combine kernels";
+    cudaStream_t stream;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    ASSERT_TRUE(dev.Poison());
+    cudaGraph_t graph;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    const absl::Status launched = LaunchSparseMlaDecode(dev.Params(), direct->plan, stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_TRUE(launched.ok()) << launched;
+    cudaGraphExec_t exec;
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    std::vector<uint16_t> out;
+    std::vector<float> lse;
+    ASSERT_TRUE(dev.Download(out, lse));
+    EXPECT_TRUE(out == direct->out);
+    EXPECT_EQ(std::memcmp(lse.data(), direct->lse.data(), lse.size() * 4), 0);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
 }
 
 TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
@@ -317,8 +335,39 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.m_tiles = 3}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.pdl = 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.m_tiles = 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The kernels' dequantisation (DequantE4m3x4) against the host conversions of common/float_formats.h, bit
+// for bit: all 256 e4m3 codes under all 256 ue8m0 scales (2^-127 .. 2^127: bf16 subnormal results, overflow
+// to inf, scale byte 255 and e4m3 codes 0x7f / 0xff = NaN).
+TEST(GpuSparseMlaDequant, AllCodesAllScalesBitExact) {
+  SKIP_WITHOUT_GPU();
+  void* dev = nullptr;
+  ASSERT_EQ(cudaMalloc(&dev, 65536 * sizeof(uint16_t)), cudaSuccess);
+  DevicePtr guard(dev);
+  ASSERT_EQ(cudaMemset(dev, 0xff, 65536 * sizeof(uint16_t)), cudaSuccess);
+  ASSERT_EQ(internal::LaunchDequantTable(static_cast<uint16_t*>(dev), nullptr), cudaSuccess);
+  std::vector<uint16_t> got(65536);
+  ASSERT_EQ(cudaMemcpy(got.data(), dev, got.size() * sizeof(uint16_t), cudaMemcpyDeviceToHost), cudaSuccess);
+  int mismatches = 0, checked = 0;
+  for (int s = 0; s < 256; ++s) {
+    for (int c = 0; c < 256; ++c) {
+      const float want = E4m3ToF32(static_cast<uint8_t>(c)) * Ue8m0ToF32(static_cast<uint8_t>(s));
+      const uint16_t have = got[256 * s + c];
+      const bool ok = std::isnan(want) ? std::isnan(Bf16ToF32(have)) : have == F32ToBf16(want);
+      ++checked;
+      if (!ok && ++mismatches <= 10) {
+        ADD_FAILURE() << "scale byte " << s << ", e4m3 code 0x" << std::hex << c << ": got bf16 0x" << have
+                      << ", want 0x" << F32ToBf16(want) << std::dec << " (" << want << ")";
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << "of " << checked;
+  EXPECT_EQ(checked, 256 * 256);
 }
 
 TEST(SparseMlaLaunch, ParsesKernelNames) {
