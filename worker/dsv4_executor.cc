@@ -53,6 +53,7 @@ absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4Execut
   model::ModelOptions mo;
   mo.mode = o.mode == "production" ? model::NumericMode::kProduction : model::NumericMode::kExact;
   mo.tp_comm = o.tp_comm;
+  mo.on_layer_loaded = o.on_layer_loaded;
   mo.num_threads = o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<model::Dsv4Model> m, model::Dsv4Model::Load(o.checkpoint, mo));
   m->SetPhaseTimer(o.phase_timer);

@@ -158,14 +158,22 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
                                                     metrics::PhaseTimer* phase_timer, LoadStats* load,
     comm::Group* group, std::function<void(const absl::Status&)> on_group_failure) {
   load->bytes = CheckpointBytes(o.checkpoint);
-  metrics::LoadProgress progress("weights", load->bytes);  // one "done" line with GB/s (no per-tensor hook yet)
+  // Progress lines (percent, GB/s) every 5 s of a long load: bytes are credited per main layer loaded.
+  metrics::LoadProgress progress("weights", load->bytes);
+  int64_t credited = 0;
+  auto on_layer = [&](int done, int total) {
+    const int64_t upto = load->bytes * done / std::max(total, 1);
+    progress.Add(upto - credited);
+    credited = upto;
+  };
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
                         LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads,
                                           .phase_timer = phase_timer,
+                                          .on_layer_loaded = on_layer,
                                           .tp_comm = group != nullptr ? &group->data() : nullptr}));
   LogResident(o);
   if (group != nullptr) executor = WrapLeader(std::move(executor), *group, o, std::move(on_group_failure));
-  progress.Add(load->bytes);
+  progress.Add(load->bytes - credited);
   load->seconds = progress.Finish();
   DSV4_ASSIGN_OR_RETURN(KvSizing sizing, PlanKvSizing(*executor, {.page_rows = o.page_rows,
                                                                   .max_batch = o.max_batch,
@@ -199,6 +207,40 @@ std::string ReadyLine(const WorkerOptions& o, int grpc_port, const metrics::Metr
   return absl::StrCat("grpc=", host, ":", grpc_port, " metrics=", metrics_addr, "\n");
 }
 
+// The gRPC side, up before the engine (NOT_SERVING; Generate answers UNAVAILABLE until AttachEngine) so
+// followers can rendezvous. Members are destroyed server first, then the service.
+struct Frontend {
+  std::unique_ptr<WorkerService> service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+};
+
+absl::StatusOr<std::unique_ptr<Frontend>> StartFrontend(const WorkerOptions& o, comm::RendezvousLeader* rendezvous) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  auto f = std::make_unique<Frontend>();
+  ServiceOptions service_options{.max_context = o.max_context,
+                                 .world = o.world,
+                                 .default_drain_timeout_s = o.drain_timeout_s,
+                                 .on_drain = [f = f.get()] {
+                                   f->server->GetHealthCheckService()->SetServingStatus(false);
+                                 },
+                                 .rendezvous = nullptr};
+  if (rendezvous != nullptr) {
+    service_options.rendezvous = [rendezvous](const auto& request, auto* response) {
+      return rendezvous->Handle(request, response);
+    };
+  }
+  f->service = std::make_unique<WorkerService>(nullptr, std::move(service_options));
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &f->port);
+  builder.RegisterService(f->service.get());
+  f->server = builder.BuildAndStart();
+  if (!f->server || f->port == 0) return absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind"));
+  f->server->GetHealthCheckService()->SetServingStatus(false);
+  return f;
+}
+
 int Run(const WorkerOptions& o, const sigset_t& signals) {
   const absl::Time t_start = absl::Now();
   std::unique_ptr<metrics::MetricsServer> metrics_server;
@@ -224,32 +266,13 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   if (!rendezvous_or.ok()) return Fail(rendezvous_or.status());
   std::unique_ptr<comm::RendezvousLeader> rendezvous = std::move(*rendezvous_or);
 
-  // The server starts before the engine (NOT_SERVING; Generate answers UNAVAILABLE) so followers can join.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  std::unique_ptr<grpc::Server> server;
-  ServiceOptions service_options{.max_context = o.max_context,
-                                 .world = o.world,
-                                 .default_drain_timeout_s = o.drain_timeout_s,
-                                 .on_drain = [&server] {
-                                   server->GetHealthCheckService()->SetServingStatus(false);
-                                 },
-                                 .rendezvous = nullptr};
-  if (rendezvous) {
-    service_options.rendezvous = [r = rendezvous.get()](const auto& request, auto* response) {
-      return r->Handle(request, response);
-    };
-  }
-  WorkerService service(nullptr, std::move(service_options));
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  server = builder.BuildAndStart();
-  if (!server || port == 0) return Fail(absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind")));
-  server->GetHealthCheckService()->SetServingStatus(false);
-  // Later start-up failures stop the server first: `service` goes out of scope before `server`.
-  auto fail = [&server](const absl::Status& s) {
+  auto frontend_or = StartFrontend(o, rendezvous.get());
+  if (!frontend_or.ok()) return Fail(frontend_or.status());
+  Frontend& frontend = **frontend_or;
+  grpc::Server* server = frontend.server.get();
+  const int port = frontend.port;
+  // Later start-up failures stop the server first (in-flight calls end before the service goes away).
+  auto fail = [server](const absl::Status& s) {
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     return Fail(s);
   };
@@ -262,13 +285,13 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   }
   LoadStats load;
   auto engine_or = StartEngine(o, serving_metrics.get(), phase_timer.get(), &load, group ? &*group : nullptr,
-                               [&server](const absl::Status& s) {
+                               [server](const absl::Status& s) {
                                  DSV4_LOG_ERROR("worker group broken: {}; health NOT_SERVING", s.ToString());
                                  server->GetHealthCheckService()->SetServingStatus(false);
                                });
   if (!engine_or.ok()) return fail(engine_or.status());
   Engine& engine = **engine_or;
-  service.AttachEngine(&engine);
+  frontend.service->AttachEngine(&engine);
   server->GetHealthCheckService()->SetServingStatus(true);
   const std::string ready = ReadyLine(o, port, metrics_server.get());
   if (serving_metrics) {

@@ -63,7 +63,7 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const std::string& di
     impl->shard = std::make_unique<comm::ShardLayout>(layout);
     impl->tp = options.tp_comm;
   }
-  DSV4_ASSIGN_OR_RETURN(impl->weights, LoadWeights(*ck, impl->config, impl->shard.get()));
+  DSV4_ASSIGN_OR_RETURN(impl->weights, LoadWeights(*ck, impl->config, impl->shard.get(), options.on_layer_loaded));
   if (impl->shard != nullptr) {
     // The forward runs on this rank's heads and output groups only; everything else keeps the full config.
     impl->config.num_attention_heads = impl->shard->heads.size;

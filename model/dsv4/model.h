@@ -18,6 +18,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -48,6 +49,8 @@ struct ModelOptions {
   // the model loads only this rank's shard (heads, experts, shared-expert slice, vocabulary rows), the forward
   // all-reduces after attention and after the MoE and gathers the logits; config() stays the full model's.
   comm::Communicator* tp_comm = nullptr;
+  // Called by Load after each main layer's weights are in memory (progress lines on long loads); may be empty.
+  std::function<void(int layers_loaded, int layers_total)> on_layer_loaded;
 };
 
 enum class KvPool { kWindow = 0, kCompressed4 = 1, kCompressed128 = 2, kIndexer = 3 };

@@ -158,7 +158,8 @@ absl::Status LoadFfn(const ckpt::Checkpoint& ck, const Config& c, const std::str
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ck, const Config& c,
-                                                          const comm::ShardLayout* shard) {
+                                                          const comm::ShardLayout* shard,
+                                                          const std::function<void(int, int)>& on_layer) {
   if (c.n_shared_experts != 1) {
     return absl::InvalidArgumentError(absl::StrCat("n_shared_experts ", c.n_shared_experts, " unsupported (must be 1)"));
   }
@@ -191,6 +192,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint
     }
     DSV4_RETURN_IF_ERROR(LoadAttention(ck, c, p + "attn.", l, shard));
     DSV4_RETURN_IF_ERROR(LoadFfn(ck, c, p + "ffn.", l, shard));
+    if (on_layer) on_layer(i + 1, static_cast<int>(c.num_hidden_layers));
   }
   return w;
 }

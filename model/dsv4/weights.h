@@ -3,6 +3,7 @@
 // every tensor's shape is checked against the Config and errors name the tensor.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -66,8 +67,10 @@ struct ModelWeights {
 
 // With a shard (tensor parallelism, comm/shard.h) only this rank's part is read and kept: wq_b rows and attn_sink
 // entries of its heads, its block of wo_a and columns of wo_b, its routed experts (the others stay empty), its
-// slice of the shared expert, its vocabulary rows of head. Shapes are then the local ones.
+// slice of the shared expert, its vocabulary rows of head. Shapes are then the local ones. on_layer (may be
+// empty) is called after each main layer with (layers loaded, main layers).
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ckpt, const Config& config,
-                                                          const comm::ShardLayout* shard = nullptr);
+                                                          const comm::ShardLayout* shard = nullptr,
+                                                          const std::function<void(int, int)>& on_layer = {});
 
 }  // namespace dsv4::model
