@@ -224,6 +224,7 @@ TEST_F(TpWorkerTest, FollowerKilledMidStreamEndsStreamUnavailableAndLeaderNotSer
     }
   });
   const absl::Time stream_end = absl::Now();
+  ASSERT_NE(killed_at, absl::InfiniteFuture()) << "the stream sent nothing: " << s.error_message();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
   EXPECT_LT(tokens.size(), 600u);
   int health = 0;
@@ -231,18 +232,34 @@ TEST_F(TpWorkerTest, FollowerKilledMidStreamEndsStreamUnavailableAndLeaderNotSer
     absl::SleepFor(absl::Milliseconds(20));
   }
   EXPECT_EQ(health, 2) << "leader still not NOT_SERVING 5 s after the follower died";
+  // The group stays broken: a new request fails the same way instead of hanging.
+  std::vector<int32_t> after;
+  const grpc::Status again = Generate(group->stub.get(), Request({5, 6, 7}, 4), &after);
+  EXPECT_EQ(again.error_code(), grpc::StatusCode::UNAVAILABLE) << again.error_message();
   std::printf("stream ended %.3f s after the kill; NOT_SERVING by %.3f s\n",
               absl::ToDoubleSeconds(stream_end - killed_at), absl::ToDoubleSeconds(absl::Now() - killed_at));
 }
 
 TEST_F(TpWorkerTest, FollowerNeverArrivesFailsLeaderStartupWithTimeout) {
-  std::vector<std::string> argv = {BinaryPath("worker/dsv4-worker"), "--listen=127.0.0.1:0",
+  const std::string address = absl::StrCat("127.0.0.1:", FreePort());
+  std::vector<std::string> argv = {BinaryPath("worker/dsv4-worker"), "--listen=" + address,
                                    "--startup-timeout=1.5", "--ready-file=" + *dir_ + "/lonely.ready"};
   for (auto& f : Flags(1, 2, 0)) argv.push_back(f);
   const std::string log = *dir_ + "/lonely.log";
   auto leader = ChildProcess::Start(argv, log);
   ASSERT_TRUE(leader.ok()) << leader.status();
   const absl::Time start = absl::Now();
+  // While the group forms the leader answers, but NOT_SERVING, and Generate gets UNAVAILABLE.
+  int health = -1;
+  while (absl::Now() - start < absl::Seconds(1.2) && (health = HealthStatus(address)) == -1) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(health, 2);
+  auto stub = dsv4::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  std::vector<int32_t> none;
+  const grpc::Status early = Generate(stub.get(), Request({5, 6, 7}, 4), &none);
+  EXPECT_EQ(early.error_code(), grpc::StatusCode::UNAVAILABLE) << early.error_message();
+  EXPECT_THAT(early.error_message(), HasSubstr("starting"));
   auto code = leader->Wait(20);
   ASSERT_TRUE(code.ok()) << code.status() << "\n" << ReadFile(log);
   EXPECT_NE(*code, 0);
