@@ -240,6 +240,31 @@ TEST_F(TpWorkerTest, FollowerKilledMidStreamEndsStreamUnavailableAndLeaderNotSer
               absl::ToDoubleSeconds(stream_end - killed_at), absl::ToDoubleSeconds(absl::Now() - killed_at));
 }
 
+// World 4, idle (no request): a killed follower is found by the leader's heartbeat; the surviving followers
+// leave their loops (non-zero) instead of waiting forever, and the broken leader still exits 0 on SIGTERM.
+TEST_F(TpWorkerTest, FollowerKilledWhileIdleBreaksTheGroupWithoutHanging) {
+  auto group = StartGroup(4);
+  ASSERT_TRUE(group.ok()) << group.status();
+  ASSERT_EQ(HealthStatus(group->address), 1);
+  const absl::Time killed_at = absl::Now();
+  group->followers[1].Signal(SIGKILL);  // rank 2
+  int health = 0;
+  while (absl::Now() - killed_at < absl::Seconds(5) && (health = HealthStatus(group->address)) != 2) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(health, 2) << "leader still not NOT_SERVING 5 s after an idle follower died";
+  std::printf("idle group: NOT_SERVING %.3f s after the kill\n", absl::ToDoubleSeconds(absl::Now() - killed_at));
+  for (int i : {0, 2}) {
+    auto code = group->followers[i].Wait(10);
+    ASSERT_TRUE(code.ok()) << "surviving follower " << i + 1 << ": " << code.status();
+    EXPECT_NE(*code, 0);
+  }
+  group->leader->Signal(SIGTERM);
+  auto code = group->leader->Wait(15);
+  ASSERT_TRUE(code.ok()) << code.status();
+  EXPECT_EQ(*code, 0);
+}
+
 TEST_F(TpWorkerTest, FollowerNeverArrivesFailsLeaderStartupWithTimeout) {
   const std::string address = absl::StrCat("127.0.0.1:", FreePort());
   std::vector<std::string> argv = {BinaryPath("worker/dsv4-worker"), "--listen=" + address,
