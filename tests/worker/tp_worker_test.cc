@@ -265,6 +265,27 @@ TEST_F(TpWorkerTest, FollowerKilledWhileIdleBreaksTheGroupWithoutHanging) {
   EXPECT_EQ(*code, 0);
 }
 
+// SIGTERM reaches every pod of a group at once: a follower keeps following (the leader can drain) and leaves
+// with exit 0 on the leader's shutdown plan.
+TEST_F(TpWorkerTest, SigtermedFollowerWaitsForTheLeadersShutdown) {
+  auto group = StartGroup(2);
+  ASSERT_TRUE(group.ok()) << group.status();
+  group->followers[0].Signal(SIGTERM);
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(HealthStatus(group->address), 1) << "the leader lost its follower on SIGTERM";
+  std::vector<int32_t> tokens;
+  const grpc::Status s = Generate(group->stub.get(), Request({5, 6, 7}, 4), &tokens);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(tokens.size(), 4u);
+  group->leader->Signal(SIGTERM);
+  auto leader_code = group->leader->Wait(15);
+  auto follower_code = group->followers[0].Wait(15);
+  ASSERT_TRUE(leader_code.ok()) << leader_code.status();
+  ASSERT_TRUE(follower_code.ok()) << follower_code.status();
+  EXPECT_EQ(*leader_code, 0);
+  EXPECT_EQ(*follower_code, 0);
+}
+
 TEST_F(TpWorkerTest, FollowerNeverArrivesFailsLeaderStartupWithTimeout) {
   const std::string address = absl::StrCat("127.0.0.1:", FreePort());
   std::vector<std::string> argv = {BinaryPath("worker/dsv4-worker"), "--listen=" + address,
