@@ -152,8 +152,8 @@ struct LoadStats {
 };
 
 // Loads the weights (this rank's shard when `group` is set, then wrapped in the lock-step leader whose
-// on_failure is `on_group_failure`), sizes and allocates the KV pools (logged) and starts the engine thread. phase_timer (may
-// be null) is marked by the forward and the engine; it must outlive the engine.
+// on_failure is `on_group_failure`), sizes and allocates the KV pools (logged) and starts the engine thread.
+// phase_timer (may be null) is marked by the forward and the engine; it must outlive the engine.
 absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metrics::ServingMetrics* metrics,
                                                     metrics::PhaseTimer* phase_timer, LoadStats* load,
     comm::Group* group, std::function<void(const absl::Status&)> on_group_failure) {
