@@ -25,7 +25,7 @@ struct Dsv4ExecutorOptions {
   std::string mode = "exact";  // exact | production
   int threads = 0;             // 0 = all cores
   metrics::PhaseTimer* phase_timer = nullptr;  // the forward marks its phases on it; null = no timing
-  std::function<void(int layers_loaded, int layers_total)> on_layer_loaded;  // load progress; may be empty
+  std::function<void(int layers_loaded, int layers_total)> on_layer_loaded = nullptr;  // load progress; may be empty
   // Tensor parallelism (docs/tensor-parallel.md): the group's data communicator. The model then loads only
   // this rank's shard and all-reduces / gathers inside its forward. Null: the whole model (world 1).
   comm::Communicator* tp_comm = nullptr;

@@ -50,7 +50,7 @@ struct ModelOptions {
   // all-reduces after attention and after the MoE and gathers the logits; config() stays the full model's.
   comm::Communicator* tp_comm = nullptr;
   // Called by Load after each main layer's weights are in memory (progress lines on long loads); may be empty.
-  std::function<void(int layers_loaded, int layers_total)> on_layer_loaded;
+  std::function<void(int layers_loaded, int layers_total)> on_layer_loaded = nullptr;
 };
 
 enum class KvPool { kWindow = 0, kCompressed4 = 1, kCompressed128 = 2, kIndexer = 3 };
