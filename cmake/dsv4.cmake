@@ -33,3 +33,13 @@ function(dsv4_test name)
     PROPERTIES LABELS "${labels}" ENVIRONMENT "DSV4_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
                ENVIRONMENT_MODIFICATION "DSV4_BINARY_DIR=set:${PROJECT_BINARY_DIR}")
 endfunction()
+
+# Adds every immediate subfolder of the calling folder that has its own CMakeLists.txt.
+macro(dsv4_add_subfolders)
+  file(GLOB _dsv4_subdirs LIST_DIRECTORIES true ${CMAKE_CURRENT_SOURCE_DIR}/*)
+  foreach(_dsv4_d ${_dsv4_subdirs})
+    if(IS_DIRECTORY ${_dsv4_d} AND EXISTS ${_dsv4_d}/CMakeLists.txt)
+      add_subdirectory(${_dsv4_d})
+    endif()
+  endforeach()
+endmacro()

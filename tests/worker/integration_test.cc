@@ -15,10 +15,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "dsv4/v1/worker.grpc.pb.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/worker/process_util.h"
@@ -302,28 +300,6 @@ TEST_F(WorkerProcessTest, SigtermDrainsInFlightThenExitsZero) {
   EXPECT_EQ(*code, 0);
 }
 
-// grpc.health.v1.Health/Check for the whole server ("" service), without the health proto: the request is empty
-// and the response is field 1 (varint): 1 SERVING, 2 NOT_SERVING.
-int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  grpc::Slice empty(std::string{});
-  grpc::ByteBuffer request(&empty, 1), response;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   status = s;
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return -1;
-  std::string bytes;
-  for (const auto& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;  // status 0 (UNKNOWN) is omitted on the wire
-}
 
 TEST_F(WorkerProcessTest, HealthMetricsAndDrainRpc) {
   std::string address, log, metrics;
@@ -334,7 +310,7 @@ TEST_F(WorkerProcessTest, HealthMetricsAndDrainRpc) {
   ASSERT_FALSE(metrics.empty()) << "ready file has no metrics address";
   auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
   auto stub = dsv4::v1::Worker::NewStub(channel);
-  EXPECT_EQ(HealthStatus(channel), 1);  // SERVING once weights and pools are ready
+  EXPECT_EQ(HealthStatus(address), 1);  // SERVING once weights and pools are ready
   const Stream s = Generate(stub.get(), Request(Prompt(6, 5), 5));
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   auto text = HttpGet(metrics, "/metrics");
@@ -350,7 +326,7 @@ TEST_F(WorkerProcessTest, HealthMetricsAndDrainRpc) {
   dsv4::v1::DrainResponse drained;
   ASSERT_TRUE(stub->Drain(&ctx, drain, &drained).ok());
   EXPECT_EQ(drained.aborted(), 0);
-  EXPECT_EQ(HealthStatus(channel), 2);  // NOT_SERVING after a drain
+  EXPECT_EQ(HealthStatus(address), 2);  // NOT_SERVING after a drain
   const Stream refused = Generate(stub.get(), Request(Prompt(6, 5), 5));
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.status.error_message();
   w->Signal(SIGTERM);

@@ -32,6 +32,10 @@ class ChildProcess {
   pid_t pid_ = -1;
 };
 
+// grpc.health.v1.Health/Check for the whole server ("" service), without the health proto: 1 SERVING,
+// 2 NOT_SERVING, 0 UNKNOWN, -1 no answer within 2 s.
+int HealthStatus(const std::string& address);
+
 // Runs argv to completion and returns its stdout (stderr goes to the test log). Errors on non-zero exit.
 absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv, double timeout_s);
 

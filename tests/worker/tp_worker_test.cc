@@ -17,11 +17,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "dsv4/v1/worker.grpc.pb.h"
 #include "gmock/gmock.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -47,28 +45,6 @@ int FreePort() {
   return ntohs(addr.sin_port);
 }
 
-// grpc.health.v1.Health/Check ("" service) without the health proto: 1 SERVING, 2 NOT_SERVING, -1 no answer.
-int HealthStatus(const std::string& address) {
-  grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  grpc::Slice empty(std::string{});
-  grpc::ByteBuffer request(&empty, 1), response;
-  absl::Notification done;
-  grpc::Status status;
-  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   status = s;
-                   done.Notify();
-                 });
-  done.WaitForNotification();
-  if (!status.ok()) return -1;
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return -1;
-  std::string bytes;
-  for (const auto& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
-}
 
 struct Group {
   std::optional<ChildProcess> leader;
