@@ -153,6 +153,8 @@ struct GpuCase {
   ProblemSpec spec;
   SparseMlaPlanOptions options;
 };
+// ctest lists parameters with this (gtest would otherwise dump the struct's bytes).
+void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.spec.Name(); }
 
 class GpuSparseMla : public ::testing::TestWithParam<GpuCase> {};
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@ struct ProblemSpec {
   uint64_t seed = 1;
   std::string Name() const;
 };
+inline void PrintTo(const ProblemSpec& s, std::ostream* os) { *os << s.Name(); }
 
 struct HostProblem {
   ProblemSpec spec;
