@@ -15,6 +15,8 @@
 
 namespace dsv4::kernels::sparse_mla::device {
 
+constexpr float kLn2 = 0.6931471805599453f;  // natural-log LSE from log2-domain softmax statistics
+
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -151,6 +153,66 @@ __device__ __forceinline__ BlockRange MakeRange(const SparseMlaParams& p, int b,
   r.tile_begin = split * per_split;
   r.num_tiles = max(0, min(total, r.tile_begin + per_split) - r.tile_begin);
   return r;
+}
+
+
+// Epilogue shared by both MMA kernels: normalises each head's output row by its sum (folding in the sink when
+// the block saw every key) and stores bf16 output + natural-log LSE, or, for a split, the f32 partial row and
+// the (max in log2 units, sum) pair the combine kernel weighs it by. `o` is the warp's accumulator for its
+// kDimsPerWarp output dims of kMTiles 16-head m-tiles; stat_* are per-head block statistics in shared memory.
+template <int kMTiles, int kDimsPerWarp, int kHeadsPerBlock>
+__device__ __forceinline__ void StoreBlockOutput(const SparseMlaParams& p, const float (&o)[kMTiles][kDimsPerWarp / 8][4],
+                                                 const float* stat_m, const float* stat_l, const float* stat_lq,
+                                                 int b, int head0, int split, int num_splits, int tid) {
+  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int H = p.num_heads;
+  const bool direct = num_splits == 1;
+  // Split partials: o / l per split, then the running max (log2 units) and sum, so the combine weighs the
+  // splits from the same f32 scores as one block would (a natural-log LSE of ~1e6 keeps only 0.25 of it).
+  float* ws_o = static_cast<float*>(p.workspace);
+  float* ws_max = ws_o + static_cast<int64_t>(p.batch) * H * num_splits * kKvDim;
+  float* ws_sum = ws_max + static_cast<int64_t>(p.batch) * H * num_splits;
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int hl = 16 * mi + g + 8 * half, h = head0 + hl;
+      const float l = stat_l[hl];
+      float factor = 0.f;  // no valid key: zeros
+      if (l != 0.f) {
+        factor = 1.f / stat_lq[hl];
+        if (direct && p.attn_sink != nullptr) {
+          const float lse = (stat_m[hl] + log2f(l)) * kLn2;
+          factor /= 1.f + expf(__ldg(p.attn_sink + h) - lse);
+        }
+      }
+      const int64_t bh = static_cast<int64_t>(b) * H + h;
+      if (direct) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(p.out) + (bh * kKvDim + warp * kDimsPerWarp + 2 * t4) / 2;
+#pragma unroll
+        for (int nj = 0; nj < kDimsPerWarp / 8; ++nj) {
+          dst[nj * 4] = PackBf16x2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
+        }
+      } else {
+        float* dst = ws_o + (bh * num_splits + split) * kKvDim + warp * kDimsPerWarp + 2 * t4;
+#pragma unroll
+        for (int nj = 0; nj < kDimsPerWarp / 8; ++nj) {
+          *reinterpret_cast<float2*>(dst + nj * 8) =
+              make_float2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
+        }
+      }
+    }
+  }
+  if (tid < kHeadsPerBlock) {
+    const float l = stat_l[tid];
+    const int64_t bh = static_cast<int64_t>(b) * H + head0 + tid;
+    if (direct) {
+      p.lse[bh] = l == 0.f ? INFINITY : (stat_m[tid] + log2f(l)) * kLn2;
+    } else {
+      ws_max[bh * num_splits + split] = stat_m[tid];
+      ws_sum[bh * num_splits + split] = l;
+    }
+  }
 }
 
 }  // namespace dsv4::kernels::sparse_mla::device

@@ -31,7 +31,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kStages = 3;
 constexpr int kKbStride = 2 * kKvDim + 16;  // bytes per bf16 row; +16 B keeps ldmatrix conflict-free
 constexpr int kDataChunks = kRowDataBytes / 16;  // 36 cp.async chunks of 16 B, then one of 8 B (scales)
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kRescaleSlack = 8.f;  // log2 units, see softmax_tile
 
 template <int kMTiles, int kTileRows>
@@ -348,54 +347,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  const bool direct = num_splits == 1;
-  // Split partials: o / l per split, then the running max (log2 units) and sum, so the combine weighs the
-  // splits from the same f32 scores as one block would (a natural-log LSE of ~1e6 keeps only 0.25 of it).
-  float* ws_o = static_cast<float*>(p.workspace);
-  float* ws_max = ws_o + static_cast<int64_t>(p.batch) * H * num_splits * kKvDim;
-  float* ws_sum = ws_max + static_cast<int64_t>(p.batch) * H * num_splits;
-#pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int hl = 16 * mi + g + 8 * half, h = head0 + hl;
-      const float l = stat_l[hl];
-      float factor = 0.f;  // no valid key: zeros
-      if (l != 0.f) {
-        factor = 1.f / stat_lq[hl];
-        if (direct && p.attn_sink != nullptr) {
-          const float lse = (stat_m[hl] + log2f(l)) * kLn2;
-          factor /= 1.f + expf(__ldg(p.attn_sink + h) - lse);
-        }
-      }
-      const int64_t bh = static_cast<int64_t>(b) * H + h;
-      if (direct) {
-        uint32_t* dst = reinterpret_cast<uint32_t*>(p.out) + (bh * kKvDim + warp * 64 + 2 * t4) / 2;
-#pragma unroll
-        for (int nj = 0; nj < 8; ++nj) {
-          dst[nj * 4] = PackBf16x2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
-        }
-      } else {
-        float* dst = ws_o + (bh * num_splits + split) * kKvDim + warp * 64 + 2 * t4;
-#pragma unroll
-        for (int nj = 0; nj < 8; ++nj) {
-          *reinterpret_cast<float2*>(dst + nj * 8) =
-              make_float2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
-        }
-      }
-    }
-  }
-  if (tid < C::kHeads) {
-    const float l = stat_l[tid];
-    const int64_t bh = static_cast<int64_t>(b) * H + head0 + tid;
-    const float lse = (stat_m[tid] + log2f(l)) * kLn2;
-    if (direct) {
-      p.lse[bh] = l == 0.f ? INFINITY : lse;
-    } else {
-      ws_max[bh * num_splits + split] = stat_m[tid];
-      ws_sum[bh * num_splits + split] = l;
-    }
-  }
+  StoreBlockOutput<kMTiles, 64, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid);
 }
 
 // Merges the splits of one (sequence, head) per block of 128 threads (thread i owns dims 4i..4i+3):

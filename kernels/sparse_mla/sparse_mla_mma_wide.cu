@@ -41,7 +41,6 @@ constexpr int kRawStride = kRowDataBytes + 16;
 constexpr int kNopeWarps = kNopeDim / 32;        // dequant: warps 0..13 convert 32 e4m3 dims of every row
 constexpr int kAddrSlots = 4;                     // row-address table slots (tile % 4)
 constexpr int kPvDims = kKvDim / kWarps;         // 32 output dims per warp
-constexpr float kLn2 = 0.6931471805599453f;
 constexpr float kRescaleSlack = 8.f;  // log2 units, see the softmax
 
 template <int kMTiles>
@@ -371,51 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  const bool direct = num_splits == 1;
-  float* ws_o = static_cast<float*>(p.workspace);
-  float* ws_max = ws_o + static_cast<int64_t>(p.batch) * H * num_splits * kKvDim;
-  float* ws_sum = ws_max + static_cast<int64_t>(p.batch) * H * num_splits;
-#pragma unroll
-  for (int mi = 0; mi < kMTiles; ++mi) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int hl = 16 * mi + g + 8 * half, h = head0 + hl;
-      const float l = stat_l[hl];
-      float factor = 0.f;  // no valid key: zeros
-      if (l != 0.f) {
-        factor = 1.f / stat_lq[hl];
-        if (direct && p.attn_sink != nullptr) {
-          const float lse = (stat_m[hl] + log2f(l)) * kLn2;
-          factor /= 1.f + expf(__ldg(p.attn_sink + h) - lse);
-        }
-      }
-      const int64_t bh = static_cast<int64_t>(b) * H + h;
-      if (direct) {
-        uint32_t* dst = reinterpret_cast<uint32_t*>(p.out) + (bh * kKvDim + warp * kPvDims + 2 * t4) / 2;
-#pragma unroll
-        for (int nj = 0; nj < kPvDims / 8; ++nj) {
-          dst[nj * 4] = PackBf16x2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
-        }
-      } else {
-        float* dst = ws_o + (bh * num_splits + split) * kKvDim + warp * kPvDims + 2 * t4;
-#pragma unroll
-        for (int nj = 0; nj < kPvDims / 8; ++nj) {
-          *reinterpret_cast<float2*>(dst + nj * 8) =
-              make_float2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
-        }
-      }
-    }
-  }
-  if (tid < C::kHeads) {
-    const float l = stat_l[tid];
-    const int64_t bh = static_cast<int64_t>(b) * H + head0 + tid;
-    if (direct) {
-      p.lse[bh] = l == 0.f ? INFINITY : (stat_m[tid] + log2f(l)) * kLn2;
-    } else {
-      ws_max[bh * num_splits + split] = stat_m[tid];
-      ws_sum[bh * num_splits + split] = l;
-    }
-  }
+  StoreBlockOutput<kMTiles, kPvDims, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid);
 }
 
 template <int kMTiles>
