@@ -1,18 +1,42 @@
-// The ops interface: every computation of the DeepSeek-V4 forward, as plain views (pointer + shape).
+// The ops interface: every computation of the DeepSeek-V4 forward, as plain argument structs over buffers
+// the caller owns. model/dsv4 writes the forward once against it; kernels/cpu is the readable fp32 reference
+// backend and kernels/cuda the device one. docs/backend.md draws the seam.
 //
-// model/dsv4 writes the forward once against this interface; kernels/cpu is the readable fp32 reference
-// backend and a CUDA backend implements the same calls. Rules that keep the interface implementable on a GPU
-// under CUDA graphs: arguments are raw pointers into buffers the caller owns (no allocation in an op), sizes
-// and positions are host values known when the step is planned, and data-dependent choices (top-k selection,
-// expert routing, which rows a query attends) happen inside ops, never on the host between them.
+// Rules that keep every op implementable on a GPU under CUDA graphs:
+//  - Pointers are backend memory (Backend::Allocate): host memory for the CPU backend, device memory for CUDA.
+//    An op never allocates after warm-up and never returns data to the host; the host sees results only
+//    through Backend::CopyToHost.
+//  - Sizes a launch depends on (T, B, N, ...) are host values fixed when the step is planned (a graph bucket's
+//    sizes). Everything else - positions, block tables, counts, which rows exist - is read from backend
+//    memory inside the op. A token with pos < 0 is padding: ops skip it (write nothing for it, or zeros).
+//  - Data-dependent choices (compressor emission, indexer top-k, expert routing, which rows a query attends)
+//    happen inside ops, never on the host between them.
+//  - Ops return void and are enqueued in order on the backend's stream; a launch failure is kept by the
+//    backend and surfaces as an absl::Status from Backend::Synchronize / CopyToHost.
 //
-// Shape letters: T tokens (rows of a batched op), D model dims, H heads, Dh head dims, N/K linear out/in,
-// E experts, K top-k, R compress ratio. All activations are fp32, row-major, dense unless a stride is given.
+// Shape letters (one vocabulary, used in every comment below):
+//   T tokens of the step (rows of a batched op)   B sequences (chunks) of the step
+//   D model dims       S mHC streams            H attention heads        Dh head dims (512)
+//   G output groups    N / Kin out / in features of a linear              E experts   Ek experts per token
+//   IH / ID indexer heads / dims                Ksel indexer top-k (rows a query keeps)
+//   P rows per KV page R compress ratio          W sliding window          V vocabulary
+// Residual streams, norms, mHC, softmax, router scores and compressor state are fp32 in every backend.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/weights.h"
+
 namespace dsv4::kernels {
+
+// Element type of an activation buffer.
+enum class DType { kF32, kBF16 };
+
+// A dense [rows, cols] activation with a row stride in elements (0 = cols).
+struct ActView {
+  const void* data = nullptr;
+  DType dtype = DType::kF32;
+};
 
 // How KV rows are stored in a pool. kF32: `dim` floats per row (exact mode). kFp8Row584: the 584-byte
 // V4 record of dsv4-decode.md §3.1 (448 e4m3 nope dims + 64 bf16 rope dims, ue8m0 scales in a page footer).
@@ -27,13 +51,50 @@ struct KvCacheView {
   int64_t page_bytes = 0;    // stride between pages
 };
 
-// y[T, N] = x[T, K] . W[N, K]^T (+ y when accumulate). Strides in elements between rows of x and y.
+// Bytes of one page of page_rows rows (kFp8Row584: [P x 576 data][P x 8 scales], rounded up to 576 B).
+int64_t KvPageBytes(KvFormat format, int dim, int page_rows);
+
+// The step's token -> sequence map, as a device holds it (filled once a step from the plan).
+// Sequence b's tokens are the flat range [seq_first[b], seq_first[b] + seq_len[b]) at consecutive positions
+// starting with pos[seq_first[b]]. A padding sequence has seq_len 0; a padding token has pos < 0.
+struct StepIndex {
+  const int32_t* pos = nullptr;         // [T]
+  const int32_t* seq = nullptr;         // [T] sequence b of each token
+  const int32_t* seq_first = nullptr;   // [B]
+  const int32_t* seq_len = nullptr;     // [B]
+  const int32_t* state_slot = nullptr;  // [B] compressor/indexer state slot of each sequence
+  int64_t t = 0;                        // T
+  int64_t b = 0;                        // B
+  int max_seq_len = 1;                  // host bound on seq_len (1 for decode-only steps)
+};
+
+// One pool's block tables: row b lists sequence b's physical page ids in logical order.
+struct BlockTables {
+  const int32_t* pages = nullptr;  // [B, stride]
+  int64_t stride = 0;              // max pages per sequence
+};
+
+// ---- dense ops ----
+
+// x[t, s, :] = embed[token[t]] for every stream s (padding tokens: zeros).
+struct EmbedArgs {
+  const LinearWeight* table = nullptr;  // [V, D] (BF16 or F32)
+  const int32_t* tokens = nullptr;      // [T]
+  const int32_t* pos = nullptr;         // [T] (pos < 0: padding)
+  float* x = nullptr;                   // [T, S, D]
+  int64_t t = 0, s = 4;
+};
+
+// y[t, g*N + n] = sum_k x[t, g*Kin + k] * W[g*N + n, k] for g < groups (the grouped output projection:
+// W holds the groups' [N, Kin] blocks stacked, [groups*N, Kin]). Backends may round x to bf16 (tensor-core
+// GEMMs); accumulation is fp32.
 struct LinearArgs {
-  const float* x = nullptr;  // [T, K], row stride x_stride
-  const float* w = nullptr;  // [N, K], dense
-  float* y = nullptr;        // [T, N], row stride y_stride
-  int64_t t = 0, n = 0, k = 0;
-  int64_t x_stride = 0, y_stride = 0;  // 0 means dense (k and n)
+  const LinearWeight* w = nullptr;  // [groups*N, Kin]
+  ActView x;                        // [T, groups*Kin], row stride x_stride
+  float* y = nullptr;               // [T, groups*N], row stride y_stride
+  int64_t t = 0;
+  int groups = 1;
+  int64_t x_stride = 0, y_stride = 0;  // elements; 0 = dense
 };
 
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * (w or 1) for r < rows; out may alias x.
@@ -47,17 +108,18 @@ struct RmsNormArgs {
 
 // Interleaved-pair rotation of the last 2*pairs dims of each row, in place:
 // (x[2i], x[2i+1]) -> (x cos - y sin, x sin + y cos), angle = pos * inv_freq[i] (negated when inverse).
+// Rows of padding tokens are left as they are.
 struct RopeArgs {
-  float* x = nullptr;           // [T, heads, row_dim]
-  const int32_t* pos = nullptr; // [T] position of each token
+  float* x = nullptr;               // [T, heads, row_dim]
+  const int32_t* pos = nullptr;     // [T]
   const float* inv_freq = nullptr;  // [pairs]
   int64_t t = 0, heads = 0, row_dim = 0;
   int pairs = 32;
   bool inverse = false;
 };
 
-// mHC pre: from the residual streams X[T, S, D] (S = hc_mult) computes mix weights and Sinkhorn comb,
-// and the sublayer input u[t] = sum_i pre_i X_i (before the sublayer's RMSNorm).
+// mHC pre: from the residual streams X[T, S, D] computes the mix weights and the Sinkhorn comb, and the
+// sublayer input u[t] = sum_i pre_i X_i (before the sublayer's RMSNorm).
 struct HcPreArgs {
   const float* x = nullptr;     // [T, S, D]
   const float* fn = nullptr;    // [(2 + S) * S, S * D]
@@ -81,110 +143,170 @@ struct HcPostArgs {
   int64_t t = 0, s = 4, d = 0;
 };
 
-// HC head: h[t] = sum_i (sigmoid(scale * m_i + base_i) + eps) X_i with m = rms(x) * fn . vec(X).
+// HC head: h[t] = sum_i (sigmoid(scale * m_i + base_i) + eps) X_i with m = rms(x) * fn . vec(X), for the
+// rows named by `rows` (the tokens whose logits are wanted).
 struct HcHeadArgs {
-  const float* x = nullptr;     // [T, S, D]
-  const float* fn = nullptr;    // [S, S * D]
-  const float* base = nullptr;  // [S]
-  const float* scale = nullptr; // [1]
-  float* h = nullptr;           // [T, D]
-  int64_t t = 0, s = 4, d = 0;
+  const float* x = nullptr;       // [T, S, D]
+  const int32_t* rows = nullptr;  // [R] token indices into x
+  const float* fn = nullptr;      // [S, S * D]
+  const float* base = nullptr;    // [S]
+  const float* scale = nullptr;   // [1]
+  float* h = nullptr;             // [R, D]
+  int64_t r = 0, s = 4, d = 0;
   float norm_eps = 1e-6f, hc_eps = 1e-6f;
 };
 
-// One token's step of a softmax-pooling compressor (ratio R; C = 2 overlapping halves when R = 4, else 1).
-// State rows: kv/score [C*R, C*d], initialised 0 / -inf. Writes the pooled (un-normalised) row to `pooled`
-// and sets *emitted = 1 when (pos + 1) % R == 0, else *emitted = 0.
+// Per-row scale: x[r, i] *= scale for r < rows, i < dim.
+struct ScaleArgs {
+  float* x = nullptr;
+  int64_t rows = 0, dim = 0;
+  float scale = 1.f;
+};
+
+// ---- KV cache and attention ----
+
+// The window pool of a layer is a ring of W rows per sequence (position p in logical row p mod W) plus a
+// staging area of T rows after the pages (physical rows staging_row0 + t), which holds this step's keys so
+// that a prefill chunk's tokens can attend keys that later tokens of the same chunk overwrite in the ring.
+// Two phases:
+//   commit = false (before attention): every token's key -> its staging row; a sequence's FIRST token of
+//            the step -> also its ring row (no other token of the step needs what that ring row held).
+//   commit = true (after attention; only needed when max_seq_len > 1): the other tokens whose position is
+//            among their sequence's last W of the step -> their ring rows.
+struct KvWindowWriteArgs {
+  const float* rows = nullptr;  // [T, dim] the keys
+  KvCacheView cache;            // window pool of this layer
+  StepIndex step;
+  BlockTables tables;           // window pool
+  int32_t staging_row0 = 0;
+  int window = 128;             // W
+  bool commit = false;
+};
+
+// One softmax-pooling compressor (ratio R; C = 2 overlapping halves when R = 4, else 1) stepped over every
+// token of the step in order within each sequence (dsv4-decode.md §2.3). State of slot s: kv/score rows
+// [C*R, C*d] at state_kv + s * state_stride (initialised 0 / -inf). When token p closes a window
+// ((p + 1) % R == 0) the pooled row is RMS-normalised with norm_w, rotated at position p + 1 - R,
+// Hadamard + FP4-simulated when hadamard_fp4, and written to compressed row n = p / R of the sequence
+// (physical row through `tables`).
 struct CompressorArgs {
-  float* state_kv = nullptr;     // [C*R, C*d]
-  float* state_score = nullptr;  // [C*R, C*d]
-  const float* kv = nullptr;     // [C*d] this token's W_kv a
-  const float* gate = nullptr;   // [C*d] this token's W_gate a (ape is added here)
+  float* state_kv = nullptr;     // [slots, C*R, C*d]
+  float* state_score = nullptr;  // [slots, C*R, C*d]
+  int64_t state_stride = 0;      // floats between slots
+  const float* kv = nullptr;     // [T, C*d] W_kv a
+  const float* gate = nullptr;   // [T, C*d] W_gate a (ape is added here)
   const float* ape = nullptr;    // [R, C*d]
-  float* pooled = nullptr;       // [d]
-  int32_t* emitted = nullptr;    // [1]
-  int ratio = 4, d = 512;
-  int32_t pos = 0;
+  const float* norm_w = nullptr; // [d]
+  const float* inv_freq = nullptr;  // [pairs]
+  KvCacheView cache;             // the compressed (or indexer) pool of this layer
+  BlockTables tables;            // that pool's block tables
+  StepIndex step;
+  int ratio = 4, d = 512, pairs = 32;
+  float eps = 1e-6f;
+  bool hadamard_fp4 = false;     // the indexer's rows in production mode
 };
 
-// Lightning indexer for B queries: score rows t < count[b] by sum_h w[b,h] * relu(q[b,h] . K_t) and select
-// the top min(k, count[b]) (ties: lower row first). Outputs the selected rows' ids in the compressed pool.
+// Lightning indexer: for each token t at position p, scores the sequence's visible indexer rows
+// n < (p + 1) / 4 by sum_h w[t,h] * weight_scale * relu(q[t,h] . K_n), keeps the top min(Ksel, rows)
+// (ties: lower row first) and writes their PHYSICAL ids in the compressed pool to selected[t, :] (ascending
+// logical order, -1 past selected_count[t]). Work is proportional to the rows that exist, not to the pool.
 struct IndexerArgs {
-  const float* q = nullptr;           // [B, H, Di]
-  const float* w = nullptr;           // [B, H] (scaling already applied)
-  KvCacheView cache;                  // indexer pool (kF32 rows of Di)
-  const int32_t* index_rows = nullptr;   // [B, max_rows] physical ids of the sequence's indexer rows 0..count-1
-  const int32_t* target_rows = nullptr;  // [B, max_rows] physical ids of the same rows in the compressed pool
-  const int32_t* count = nullptr;        // [B]
-  int32_t* out_rows = nullptr;           // [B, k] selected target ids, -1 past out_count
-  int32_t* out_count = nullptr;          // [B]
-  float* scratch = nullptr;              // [B, max_rows]
-  int64_t b = 0, heads = 0, dim = 128, max_rows = 0, k = 0;
+  const float* q = nullptr;       // [T, IH, ID]
+  const float* w = nullptr;       // [T, IH]
+  float weight_scale = 1.f;
+  KvCacheView cache;              // indexer pool of this layer
+  BlockTables index_tables;       // indexer pool
+  BlockTables target_tables;      // compressed pool (ratio 4)
+  StepIndex step;
+  int32_t* selected = nullptr;        // [T, Ksel]
+  int32_t* selected_count = nullptr;  // [T]
+  int64_t heads = 0, dim = 128, k = 0;  // IH, ID, Ksel
+  int64_t max_rows = 0;               // host bound on visible rows (the planned max context / 4)
 };
 
-// Sparse attention with a per-head sink over window rows plus selected compressed rows (value = key):
-// o_h = sum_j e^{s_j} k_j / (e^{sink_h} + sum_j e^{s_j}), s_j = scale * q_h . k_j, one softmax over both sets.
+// Sparse attention with a per-head sink (value = key): for token t at position p,
+//   o_h = sum_j e^{s_j} k_j / (e^{sink_h} + sum_j e^{s_j}),  s_j = scale * q_h . k_j,
+// one softmax over the window keys (positions max(0, p-W+1) .. p: ring rows for positions before the
+// sequence's first token of the step, staging rows for this step's) and the compressed keys: all visible
+// rows n < (p + 1) / R through compressed_tables (compressed_ratio 128), or selected[t, :] (ratio 4), or none
+// (ratio 0). Padding tokens get zeros.
 struct AttentionArgs {
-  const float* q = nullptr;              // [B, H, Dh]
-  KvCacheView window;                    // window pool of this layer
-  const int32_t* window_rows = nullptr;  // [B, max_window] physical ids
-  const int32_t* window_count = nullptr; // [B]
-  KvCacheView compressed;                // compressed pool (base may be null when max_compressed == 0)
-  const int32_t* compressed_rows = nullptr;   // [B, max_compressed]
-  const int32_t* compressed_count = nullptr;  // [B]
-  const float* sink = nullptr;           // [H]
-  float* out = nullptr;                  // [B, H, Dh]
-  int64_t b = 0, heads = 0, dim = 512, max_window = 0, max_compressed = 0;
+  const float* q = nullptr;               // [T, H, Dh]
+  KvCacheView window;
+  BlockTables window_tables;
+  int32_t staging_row0 = 0;
+  int window_size = 128;                  // W
+  KvCacheView compressed;                 // unused when compressed_ratio == 0
+  BlockTables compressed_tables;          // ratio 128
+  int compressed_ratio = 0;               // 0, 4 or 128
+  const int32_t* selected = nullptr;      // ratio 4: [T, Ksel] physical ids
+  const int32_t* selected_count = nullptr;  // ratio 4: [T]
+  int64_t ksel = 0;                       // ratio 4: Ksel
+  int64_t max_compressed = 0;             // host bound on compressed keys of one token
+  StepIndex step;
+  const float* sink = nullptr;            // [H]
+  float* out = nullptr;                   // [T, H, Dh]
+  int64_t heads = 0, dim = 512;
   float scale = 0.f;
 };
 
-// Mixture of experts with sqrt-softplus router: hash routing (tid2eid) or top-k of score + bias, weights
-// normalised over the chosen experts times routed_scale, SwiGLU with clamp, plus one shared expert.
+// ---- mixture of experts ----
+
+// Mixture of experts with sqrt-softplus router (fp32): hash routing (tid2eid) or top-Ek of score + bias,
+// weights normalised over the chosen experts times routed_scale, SwiGLU with the clamp, plus the shared
+// expert. Experts not held by this rank (experts->Holds(e) false) are skipped (expert parallel). Padding
+// tokens give zeros.
 struct MoeArgs {
-  const float* x = nullptr;          // [T, D] normed input
-  const int32_t* tokens = nullptr;   // [T] token ids (hash routing)
-  const float* gate = nullptr;       // [E, D]
-  const float* bias = nullptr;       // [E] or null (hash layers)
-  const int32_t* tid2eid = nullptr;  // [vocab, K] or null (score layers)
-  const float* const* w1 = nullptr;  // [E] pointers to [I, D]
-  const float* const* w3 = nullptr;  // [E] pointers to [I, D]
-  const float* const* w2 = nullptr;  // [E] pointers to [D, I]
-  const float* shared_w1 = nullptr;  // [Is, D]
-  const float* shared_w3 = nullptr;  // [Is, D]
-  const float* shared_w2 = nullptr;  // [D, Is]
-  float* y = nullptr;                // [T, D]
-  int64_t t = 0, d = 0, experts = 0, inter = 0, shared_inter = 0, vocab = 0;
-  int topk = 0;
+  const float* x = nullptr;            // [T, D] normed input
+  const int32_t* tokens = nullptr;     // [T] token ids (hash routing)
+  const int32_t* pos = nullptr;        // [T] (pos < 0: padding)
+  const LinearWeight* gate = nullptr;  // [E, D]
+  const float* bias = nullptr;         // [E] or null (hash layers)
+  const int32_t* tid2eid = nullptr;    // [V, Ek] or null (score layers)
+  const ExpertWeights* experts = nullptr;
+  const LinearWeight* shared_w1 = nullptr;  // [Is, D]
+  const LinearWeight* shared_w3 = nullptr;  // [Is, D]
+  const LinearWeight* shared_w2 = nullptr;  // [D, Is]
+  float* y = nullptr;                  // [T, D]
+  int64_t t = 0;
+  int topk = 0;                        // Ek
   float routed_scale = 1.f, swiglu_limit = 10.f;
 };
 
-// Writes T rows of `dim` floats into a pool at the given physical row ids (quantising for kFp8Row584).
-struct KvWriteArgs {
-  const float* rows = nullptr;        // [T, dim]
-  KvCacheView cache;
-  const int32_t* row_ids = nullptr;   // [T]
-  int64_t t = 0;
+// ---- production-mode simulations (DeepSeek's reference) ----
+
+// Hadamard (H / sqrt(dim)) then FP4 e2m1 round trip with one ue8m0 scale per 32 dims, in place on
+// [rows, dim] fp32 rows.
+struct HadamardFp4Args {
+  float* x = nullptr;
+  int64_t rows = 0, dim = 0;
+};
+
+// Fills n floats with `value` (state resets: 0 and -inf).
+struct FillArgs {
+  float* x = nullptr;
+  int64_t n = 0;
+  float value = 0.f;
 };
 
 class Ops {
  public:
   virtual ~Ops() = default;
+  virtual void Embed(const EmbedArgs& a) = 0;
   virtual void Linear(const LinearArgs& a) = 0;
   virtual void RmsNorm(const RmsNormArgs& a) = 0;
   virtual void Rope(const RopeArgs& a) = 0;
   virtual void HcPre(const HcPreArgs& a) = 0;
   virtual void HcPost(const HcPostArgs& a) = 0;
   virtual void HcHead(const HcHeadArgs& a) = 0;
+  virtual void Scale(const ScaleArgs& a) = 0;
+  virtual void KvWindowWrite(const KvWindowWriteArgs& a) = 0;
   virtual void Compressor(const CompressorArgs& a) = 0;
   virtual void Indexer(const IndexerArgs& a) = 0;
   virtual void Attention(const AttentionArgs& a) = 0;
   virtual void Moe(const MoeArgs& a) = 0;
-  virtual void KvWrite(const KvWriteArgs& a) = 0;
-  // Production-mode simulations of DeepSeek's reference, in place on [rows, dim] fp32 rows:
-  // FP8 e4m3 round trip of the first `dims` dims with one ue8m0 scale per 64 dims;
-  virtual void Fp8RoundTrip(float* x, int64_t rows, int64_t dim, int64_t dims) = 0;
-  // Hadamard (H / sqrt(dim)) then FP4 e2m1 round trip with one ue8m0 scale per 32 dims.
-  virtual void HadamardFp4RoundTrip(float* x, int64_t rows, int64_t dim) = 0;
+  virtual void HadamardFp4(const HadamardFp4Args& a) = 0;
+  virtual void Fill(const FillArgs& a) = 0;
 };
 
 }  // namespace dsv4::kernels
