@@ -1,6 +1,12 @@
-// Exact mode against transformers: token-by-token decode of the golden sequences (tests/data/golden, made by
-// tools/golden/make_golden.py from DeepseekV4ForCausalLM in fp32 on a GPU) must match every position's logits
-// within 1e-3 of the row's largest |logit|, with the same argmax wherever the golden top-2 margin > 1e-3.
+// The model against transformers' golden logits (tests/data/golden, made by tools/golden/make_golden.py from
+// DeepseekV4ForCausalLM in fp32 on a GPU; stored as int16 per row with the row's scale, so storage adds at most
+// 0.5/32767 = 1.5e-5 of the row's max |logit|):
+//  - exact mode, token-by-token decode: every position within 5e-5 of the row's largest |logit| (measured 1.6e-5,
+//    storage included), the same argmax wherever the golden top-2 margin > 1e-3;
+//  - production mode (FP8 KV rows, FP4 indexer: DeepSeek's reference numerics, which transformers does not
+//    simulate): argmax agreement and the median per-position error on every golden sequence, with bounds that
+//    keep a margin over what was measured (the quantisation simulations are chaotic: GPU-ENGINE.md §3).
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 
@@ -48,6 +54,39 @@ std::vector<GoldenSeq> LoadGoldens(int64_t vocab) {
   return out;
 }
 
+// Per-row comparison of our logits with a golden sequence: max |diff| / max |golden| per row, argmax agreement on
+// rows whose golden top-2 margin is > 1e-3.
+struct RowErrors {
+  std::vector<double> rel;  // per row
+  int64_t argmax_checked = 0, argmax_bad = 0;
+  double worst() const { return rel.empty() ? 0 : *std::max_element(rel.begin(), rel.end()); }
+  double median() const {
+    std::vector<double> r = rel;
+    std::nth_element(r.begin(), r.begin() + r.size() / 2, r.end());
+    return r[r.size() / 2];
+  }
+};
+
+RowErrors Compare(const std::vector<float>& ours, const GoldenSeq& g, int64_t V) {
+  RowErrors e;
+  for (size_t r = 0; r < g.tokens.size(); ++r) {
+    float gmax = 0, diff = 0;
+    int32_t best = 0;
+    for (int64_t v = 0; v < V; ++v) {
+      const float a = ours[r * V + v], b = g.logits[r * V + v];
+      gmax = std::max(gmax, std::fabs(b));
+      diff = std::isnan(a) ? INFINITY : std::max(diff, std::fabs(a - b));
+      if (a > ours[r * V + best]) best = static_cast<int32_t>(v);
+    }
+    e.rel.push_back(diff / gmax);
+    if (g.margin[r] > 1e-3f) {
+      ++e.argmax_checked;
+      e.argmax_bad += best != g.argmax[r];
+    }
+  }
+  return e;
+}
+
 TEST(GoldenTest, ExactDecodeMatchesTransformers) {
   Dsv4Model& m = TinyModel(NumericMode::kExact);
   const int64_t V = m.config().vocab_size;
@@ -60,29 +99,34 @@ TEST(GoldenTest, ExactDecodeMatchesTransformers) {
     ASSERT_GE(g.tokens.size(), 320u);
     auto ours = generate::TeacherForce(m, plan->tables[0], g.tokens, 1);
     ASSERT_TRUE(ours.ok()) << ours.status();
-    double worst = 0;
-    int64_t worst_row = -1, argmax_checked = 0, argmax_bad = 0;
-    for (size_t r = 0; r < g.tokens.size(); ++r) {
-      float gmax = 0, diff = 0;
-      int32_t best = 0;
-      for (int64_t v = 0; v < V; ++v) {
-        const float a = (*ours)[r * V + v], b = g.logits[r * V + v];
-        gmax = std::max(gmax, std::fabs(b));
-        diff = std::isnan(a) ? INFINITY : std::max(diff, std::fabs(a - b));
-        if (a > (*ours)[r * V + best]) best = static_cast<int32_t>(v);
-      }
-      const double rel = diff / gmax;
-      if (!(rel <= worst)) worst = rel, worst_row = static_cast<int64_t>(r);
-      if (g.margin[r] > 1e-3f) {
-        ++argmax_checked;
-        argmax_bad += best != g.argmax[r];
-      }
-    }
-    std::printf("golden seq %zu: %zu rows, max |err| / max|logit| %.3e at row %lld, argmax %lld/%lld differ\n", i,
-                g.tokens.size(), worst, static_cast<long long>(worst_row), static_cast<long long>(argmax_bad),
-                static_cast<long long>(argmax_checked));
-    EXPECT_LE(worst, 1e-3) << "sequence " << i << " row " << worst_row;
-    EXPECT_EQ(argmax_bad, 0) << "sequence " << i;
+    const RowErrors e = Compare(*ours, g, V);
+    const int64_t worst_row = std::max_element(e.rel.begin(), e.rel.end()) - e.rel.begin();
+    std::printf("exact vs golden seq %zu: %zu rows, max |err| / max|logit| %.3e at row %lld, argmax %lld/%lld differ\n",
+                i, g.tokens.size(), e.worst(), static_cast<long long>(worst_row),
+                static_cast<long long>(e.argmax_bad), static_cast<long long>(e.argmax_checked));
+    EXPECT_LE(e.worst(), 5e-5) << "sequence " << i << " row " << worst_row;
+    EXPECT_EQ(e.argmax_bad, 0) << "sequence " << i;
+  }
+}
+
+TEST(GoldenTest, ProductionModeAgainstTransformers) {
+  Dsv4Model& m = TinyModel(NumericMode::kProduction);
+  const int64_t V = m.config().vocab_size;
+  const std::vector<GoldenSeq> goldens = LoadGoldens(V);
+  ASSERT_GE(goldens.size(), 3u);
+  auto plan = generate::AllocateSequences(m, 1, 1024);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (size_t i = 0; i < goldens.size(); ++i) {
+    const GoldenSeq& g = goldens[i];
+    auto ours = generate::TeacherForce(m, plan->tables[0], g.tokens, 64);  // prefill chunks, as a worker runs
+    ASSERT_TRUE(ours.ok()) << ours.status();
+    const RowErrors e = Compare(*ours, g, V);
+    const double agree = 1.0 - static_cast<double>(e.argmax_bad) / static_cast<double>(e.argmax_checked);
+    std::printf("production vs golden seq %zu: argmax agreement %.2f%% (%lld/%lld differ), median per-row error "
+                "%.3e, worst %.3e\n", i, 100 * agree, static_cast<long long>(e.argmax_bad),
+                static_cast<long long>(e.argmax_checked), e.median(), e.worst());
+    EXPECT_GE(agree, PRODUCTION_MIN_AGREE) << "sequence " << i;
+    EXPECT_LE(e.median(), PRODUCTION_MAX_MEDIAN) << "sequence " << i;
   }
 }
 
