@@ -19,6 +19,11 @@
 namespace dsv4::model::testing {
 namespace {
 
+// Production-mode bounds: measured 98.5-99.4% argmax agreement and median per-row error 6.2e-3 on the three
+// golden sequences (docs/model.md); the bounds keep 1.5 points and 1.6x of margin.
+constexpr double kProductionMinAgree = 0.97;
+constexpr double kProductionMaxMedian = 1e-2;
+
 struct GoldenSeq {
   std::vector<int32_t> tokens;
   std::vector<float> logits;  // [rows, V]
@@ -125,8 +130,8 @@ TEST(GoldenTest, ProductionModeAgainstTransformers) {
     std::printf("production vs golden seq %zu: argmax agreement %.2f%% (%lld/%lld differ), median per-row error "
                 "%.3e, worst %.3e\n", i, 100 * agree, static_cast<long long>(e.argmax_bad),
                 static_cast<long long>(e.argmax_checked), e.median(), e.worst());
-    EXPECT_GE(agree, PRODUCTION_MIN_AGREE) << "sequence " << i;
-    EXPECT_LE(e.median(), PRODUCTION_MAX_MEDIAN) << "sequence " << i;
+    EXPECT_GE(agree, kProductionMinAgree) << "sequence " << i;
+    EXPECT_LE(e.median(), kProductionMaxMedian) << "sequence " << i;
   }
 }
 
