@@ -48,7 +48,7 @@ struct ModelOptions {
   // Tensor parallelism (docs/tensor-parallel.md): which shard to load, and the group's collectives (required when
   // shard.world > 1). The forward all-reduces after attention and after the MoE and gathers the logits;
   // config() stays the full model's.
-  ShardSpec shard;
+  ShardSpec shard = {};
   Collectives* collectives = nullptr;
   // Decode time by phase (hooks.h); null = no timing and no cost. Must outlive its use; same thread as Forward.
   PhaseHook* phase_hook = nullptr;

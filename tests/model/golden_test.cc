@@ -12,6 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/model/golden_util.h"
 #include "tests/model/model_fixture.h"
 #include "tools/generate/npy.h"
 #include "tools/generate/runner.h"
@@ -19,73 +20,10 @@
 namespace dsv4::model::testing {
 namespace {
 
-struct GoldenSeq {
-  std::vector<int32_t> tokens;
-  std::vector<float> logits;  // [rows, V]
-  std::vector<float> margin;  // [rows]
-  std::vector<int32_t> argmax;
-};
-
-std::vector<GoldenSeq> LoadGoldens(int64_t vocab) {
-  const std::string dir = SourceDir() + "/tests/data/golden/";
-  std::ifstream in(dir + "golden.json");
-  EXPECT_TRUE(in.good()) << "missing " << dir << "golden.json";
-  const nlohmann::json meta = nlohmann::json::parse(in);
-  auto tokens = npy::Read(dir + "tokens.npy");
-  auto q = npy::Read(dir + "logits_q.npy");
-  auto stats = npy::Read(dir + "row_stats.npy");
-  EXPECT_TRUE(tokens.ok() && q.ok() && stats.ok()) << tokens.status() << q.status() << stats.status();
-  EXPECT_EQ(q->shape.at(1), vocab);
-  std::vector<GoldenSeq> out;
-  int64_t row = 0;
-  for (const auto& s : meta["sequences"]) {
-    GoldenSeq g;
-    const int64_t rows = s["rows"].get<int64_t>();
-    for (int64_t r = row; r < row + rows; ++r) {
-      g.tokens.push_back(tokens->as<int32_t>()[r]);
-      const float scale = stats->as<float>()[3 * r];
-      for (int64_t v = 0; v < vocab; ++v) g.logits.push_back(q->as<int16_t>()[r * vocab + v] * scale);
-      g.margin.push_back(stats->as<float>()[3 * r + 1]);
-      g.argmax.push_back(static_cast<int32_t>(stats->as<float>()[3 * r + 2]));
-    }
-    row += rows;
-    out.push_back(std::move(g));
-  }
-  return out;
-}
-
-// Per-row comparison of our logits with a golden sequence: max |diff| / max |golden| per row, argmax agreement on
-// rows whose golden top-2 margin is > 1e-3.
-struct RowErrors {
-  std::vector<double> rel;  // per row
-  int64_t argmax_checked = 0, argmax_bad = 0;
-  double worst() const { return rel.empty() ? 0 : *std::max_element(rel.begin(), rel.end()); }
-  double median() const {
-    std::vector<double> r = rel;
-    std::nth_element(r.begin(), r.begin() + r.size() / 2, r.end());
-    return r[r.size() / 2];
-  }
-};
-
-RowErrors Compare(const std::vector<float>& ours, const GoldenSeq& g, int64_t V) {
-  RowErrors e;
-  for (size_t r = 0; r < g.tokens.size(); ++r) {
-    float gmax = 0, diff = 0;
-    int32_t best = 0;
-    for (int64_t v = 0; v < V; ++v) {
-      const float a = ours[r * V + v], b = g.logits[r * V + v];
-      gmax = std::max(gmax, std::fabs(b));
-      diff = std::isnan(a) ? INFINITY : std::max(diff, std::fabs(a - b));
-      if (a > ours[r * V + best]) best = static_cast<int32_t>(v);
-    }
-    e.rel.push_back(diff / gmax);
-    if (g.margin[r] > 1e-3f) {
-      ++e.argmax_checked;
-      e.argmax_bad += best != g.argmax[r];
-    }
-  }
-  return e;
-}
+// Production-mode bounds: measured 98.5-99.4% argmax agreement and median per-row error 6.2e-3 on the three
+// golden sequences (docs/model.md); the bounds keep 1.5 points and 1.6x of margin.
+constexpr double kProductionMinAgree = 0.97;
+constexpr double kProductionMaxMedian = 1e-2;
 
 TEST(GoldenTest, ExactDecodeMatchesTransformers) {
   Dsv4Model& m = TinyModel(NumericMode::kExact);
@@ -121,12 +59,12 @@ TEST(GoldenTest, ProductionModeAgainstTransformers) {
     auto ours = generate::TeacherForce(m, plan->tables[0], g.tokens, 64);  // prefill chunks, as a worker runs
     ASSERT_TRUE(ours.ok()) << ours.status();
     const RowErrors e = Compare(*ours, g, V);
-    const double agree = 1.0 - static_cast<double>(e.argmax_bad) / static_cast<double>(e.argmax_checked);
+    const double agree = e.agreement();
     std::printf("production vs golden seq %zu: argmax agreement %.2f%% (%lld/%lld differ), median per-row error "
                 "%.3e, worst %.3e\n", i, 100 * agree, static_cast<long long>(e.argmax_bad),
                 static_cast<long long>(e.argmax_checked), e.median(), e.worst());
-    EXPECT_GE(agree, PRODUCTION_MIN_AGREE) << "sequence " << i;
-    EXPECT_LE(e.median(), PRODUCTION_MAX_MEDIAN) << "sequence " << i;
+    EXPECT_GE(agree, kProductionMinAgree) << "sequence " << i;
+    EXPECT_LE(e.median(), kProductionMaxMedian) << "sequence " << i;
   }
 }
 
