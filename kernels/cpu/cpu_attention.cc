@@ -130,8 +130,7 @@ void CpuOps::Attention(const AttentionArgs& a) {
       for (int64_t j = 0; j < nk; ++j) {
         const double e = std::exp(static_cast<double>(sc[j]) - mx);
         den += e;
-        const float* k = s.key_ptr[j];
-        for (int64_t d = 0; d < a.dim; ++d) acc[d] += e * k[d];
+        AxpyF64(acc, e, s.key_ptr[j], a.dim);
       }
       for (int64_t d = 0; d < a.dim; ++d) o[d] = static_cast<float>(acc[d] / den);
     }

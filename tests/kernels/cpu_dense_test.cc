@@ -10,6 +10,7 @@
 #include "common/float_formats.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/thread_pool.h"
 #include "tests/kernels/cpu_test_util.h"
 
@@ -38,6 +39,17 @@ TEST(CpuThreadPoolTest, ParallelForCoversEachItemOnceWithDistinctThreads) {
       for (int t = 0; t < pool.size(); ++t) ASSERT_LE(ranges_of[t].load(), 1);
     }
   }
+}
+
+TEST(CpuDenseTest, DotAndAxpyFollowTheDocumentedOrder) {
+  std::mt19937 rng(9);
+  auto a = Rand(600, rng), b = Rand(600, rng);
+  for (int64_t n = 0; n < 70; ++n) ASSERT_EQ(Dot(a.data(), b.data(), n), RefDot(a.data(), b.data(), n)) << n;
+  ASSERT_EQ(Dot(a.data() + 1, b.data() + 3, 517), RefDot(a.data() + 1, b.data() + 3, 517));  // unaligned
+  std::vector<double> acc(37, 0.5), want = acc;
+  AxpyF64(acc.data() + 1, 0.3, a.data() + 1, 35);
+  for (int i = 1; i < 36; ++i) want[i] += 0.3 * a[i];
+  EXPECT_EQ(acc, want);
 }
 
 // y[t, g*N + n] = RefDot(x[t, g*K ..], W[g*N + n]) for every row count and thread count, exactly.
