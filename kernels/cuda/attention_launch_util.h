@@ -9,19 +9,15 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/ops.h"
 #include "kernels/sparse_mla/kv_row_format.h"
 
 namespace dsv4::kernels::cuda::attn {
 
-// A CUDA error as a Status (until common/cuda_status.h lands from the dense family, then that one).
-inline absl::Status CudaError(cudaError_t err, const char* what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(what, ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
-}
 // The status of the launch just enqueued.
-inline absl::Status LaunchStatus(const char* what) { return CudaError(cudaGetLastError(), what); }
+inline absl::Status LaunchStatus(const char* what) { return CudaStatus(cudaGetLastError(), what); }
 
 inline absl::Status CheckStepIndex(const StepIndex& s, const char* op) {
   if (s.t < 0 || s.b < 0 || s.t > INT32_MAX || s.b > 65535) {

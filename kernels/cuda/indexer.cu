@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/attention_launch_util.h"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launchers.h"
 
@@ -284,19 +285,17 @@ absl::Status LaunchIndexer(const IndexerArgs& a, const CudaScratch& scratch, cud
                                                    row_floats, " scores (IndexerScratchBytes sizes it)"));
   }
   const int smem = ScoreSmemBytes(static_cast<int>(a.heads), static_cast<int>(a.dim));
-  int device = 0, sms = 0, smem_optin = 0;
-  DSV4_RETURN_IF_ERROR(attn::CudaError(cudaGetDevice(&device), "Indexer: cudaGetDevice"));
-  DSV4_RETURN_IF_ERROR(attn::CudaError(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "SMs"));
-  DSV4_RETURN_IF_ERROR(attn::CudaError(
-      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "shared memory"));
+  int device = 0, smem_optin = 0;
+  DSV4_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  DSV4_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const int sms = CurrentDeviceSms();
   if (smem > smem_optin) {
     return absl::InvalidArgumentError(absl::StrCat("Indexer: ", a.heads, " x ", a.dim, " needs ", smem,
                                                    " bytes of shared memory; this GPU allows ", smem_optin));
   }
   if (smem > 48 * 1024) {
-    DSV4_RETURN_IF_ERROR(attn::CudaError(
-        cudaFuncSetAttribute(IndexerScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-        "Indexer: shared memory limit"));
+    DSV4_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(IndexerScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
   // Enough blocks per token to fill the GPU about 4 times over at this group size; each strides over tiles.
   const int64_t tiles = std::max<int64_t>(1, (a.max_rows + kTileRows - 1) / kTileRows);
