@@ -63,7 +63,8 @@ __global__ void __launch_bounds__(kThreads) KvWindowWriteKernel(const KvWindowPa
 
 absl::Status LaunchKvWindowWrite(const KvWindowWriteArgs& a, cudaStream_t stream) {
   if (a.step.t < 0) return absl::InvalidArgumentError(absl::StrCat("KvWindowWrite: T is ", a.step.t));
-  if (a.step.t == 0) return absl::OkStatus();
+  // Nothing to do: no tokens, or a decode-only step's commit (each sequence's one token was its first).
+  if (a.step.t == 0 || (a.commit && a.step.max_seq_len <= 1)) return absl::OkStatus();
   DSV4_RETURN_IF_ERROR(attn::CheckStepIndex(a.step, "KvWindowWrite"));
   DSV4_RETURN_IF_ERROR(attn::CheckPool(a.cache, "KvWindowWrite window pool"));
   DSV4_RETURN_IF_ERROR(attn::CheckTables(a.tables, "KvWindowWrite window tables"));
