@@ -67,7 +67,8 @@ class Dsv4Executor final : public ModelExecutor {
 
 absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4ExecutorOptions& o) {
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
-                        kernels::MakeBackend({.name = o.backend, .threads = o.threads, .device = o.device}));
+                        kernels::MakeBackend({.name = o.backend, .threads = o.threads, .device = o.device,
+                                              .attention_kernel = o.attention_kernel}));
   std::unique_ptr<CommCollectives> collectives;
   if (o.tp_comm != nullptr && o.tp_comm->world() > 1) {
     DSV4_ASSIGN_OR_RETURN(Config c, LoadConfig(o.checkpoint));

@@ -23,6 +23,7 @@ struct Dsv4ExecutorOptions {
   std::string mode = "exact";   // exact | production
   std::string backend = "cpu";  // cpu | cuda (kernels/backend_factory.h)
   int device = 0;               // CUDA device ordinal
+  std::string attention_kernel = "mma";  // CUDA sparse-MLA decode kernel, mma | simt
   int threads = 0;              // CPU backend threads; 0 = all cores
   int64_t max_step_tokens = 2048;  // the largest step the engine runs (prefill chunk + decode tokens)
   int64_t max_context = 8192;      // the longest sequence (positions)

@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 #include <algorithm>
@@ -50,11 +51,17 @@ ABSL_FLAG(std::string, checkpoint, kDefaults.checkpoint, "checkpoint folder (con
 ABSL_FLAG(std::string, listen, kDefaults.listen, "gRPC listen address host:port (port 0 picks one)");
 ABSL_FLAG(std::string, backend, kDefaults.backend, "cpu | cuda");
 ABSL_FLAG(int, device, kDefaults.device, "GPU ordinal (cuda backend)");
+ABSL_FLAG(std::string, attention_kernel, kDefaults.attention_kernel,
+          "cuda: sparse-MLA decode kernel of the FP8 attention, mma | simt");
+ABSL_FLAG(bool, cuda_graphs, kDefaults.cuda_graphs,
+          "cuda: decode-only steps replay one CUDA graph per batch bucket (false: every step runs eagerly)");
+ABSL_FLAG(double, gpu_memory_fraction, kDefaults.gpu_memory_fraction,
+          "cuda: share of the GPU's memory for weights, workspace, graphs and KV pools (the pools take the rest)");
 ABSL_FLAG(int, max_batch, kDefaults.max_batch, "running requests at most");
 ABSL_FLAG(int, max_waiting, kDefaults.max_waiting, "queued requests before RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, max_context, kDefaults.max_context, "prompt + generated tokens per request");
 ABSL_FLAG(int64_t, kv_pages, kDefaults.kv_pages, "pages per KV pool; 0 = size from --mem-fraction");
-ABSL_FLAG(double, mem_fraction, kDefaults.mem_fraction, "share of available memory for KV pools");
+ABSL_FLAG(double, mem_fraction, kDefaults.mem_fraction, "cpu: share of MemAvailable for KV pools");
 ABSL_FLAG(int, page_rows, kDefaults.page_rows, "rows per KV page");
 ABSL_FLAG(int, prefill_chunk, kDefaults.prefill_chunk, "prefill tokens per engine step");
 ABSL_FLAG(std::string, mode, kDefaults.mode, "exact | production");
@@ -72,21 +79,28 @@ ABSL_FLAG(double, drain_timeout, kDefaults.drain_timeout_s, "seconds to finish i
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
 ABSL_FLAG(int, phase_timing_every, kDefaults.phase_timing_every,
           "time the phases (dsv4_decode_gpu_seconds_total) of 1 step in N; needs --metrics-listen");
+ABSL_FLAG(bool, validate_only, kDefaults.validate_only,
+          "check the flags (not the checkpoint or the GPU), print the options, exit 0 (deploy/ manifests in CI)");
 
 namespace dsv4::worker {
 namespace {
 
-WorkerOptions OptionsFromFlags() {
+// given_flags: the flag names on the command line (absl names, '_' spelling).
+WorkerOptions OptionsFromFlags(const std::set<std::string>& given_flags) {
   WorkerOptions o;
   o.checkpoint = absl::GetFlag(FLAGS_checkpoint);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.device = absl::GetFlag(FLAGS_device);
+  o.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
+  o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  o.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
   o.max_waiting = absl::GetFlag(FLAGS_max_waiting);
   o.max_context = absl::GetFlag(FLAGS_max_context);
   o.kv_pages = absl::GetFlag(FLAGS_kv_pages);
   o.mem_fraction = absl::GetFlag(FLAGS_mem_fraction);
+  o.mem_fraction_set = given_flags.count("mem_fraction") > 0;
   o.page_rows = absl::GetFlag(FLAGS_page_rows);
   o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   o.mode = absl::GetFlag(FLAGS_mode);
@@ -103,6 +117,7 @@ WorkerOptions OptionsFromFlags() {
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout);
   o.log_level = absl::GetFlag(FLAGS_log_level);
   o.phase_timing_every = absl::GetFlag(FLAGS_phase_timing_every);
+  o.validate_only = absl::GetFlag(FLAGS_validate_only);
   return o;
 }
 
@@ -168,7 +183,8 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
   };
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
                         LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .backend = o.backend,
-                                          .device = o.device, .threads = o.threads,
+                                          .device = o.device, .attention_kernel = o.attention_kernel,
+                                          .threads = o.threads,
                                           .max_step_tokens = MaxStepTokens(o), .max_context = o.max_context,
                                           .phase_timer = phase_timer,
                                           .on_layer_loaded = on_layer,
@@ -340,6 +356,7 @@ int main(int argc, char** argv) {
   // The documented spelling is --max-batch; absl flag names are identifiers, so '-' in a name becomes '_'.
   std::vector<std::string> args(argv, argv + argc);
   std::vector<char*> argp;
+  std::set<std::string> given;  // flag names as written (absl's build has no public "was it set")
   for (size_t i = 0; i < args.size(); ++i) {
     std::string& a = args[i];
     if (i > 0 && a.rfind("--", 0) == 0) {
@@ -347,12 +364,23 @@ int main(int argc, char** argv) {
       for (size_t j = 2; j < end; ++j) {
         if (a[j] == '-') a[j] = '_';
       }
+      given.insert(a.substr(2, end - 2));
     }
     argp.push_back(a.data());
   }
-  absl::ParseCommandLine(static_cast<int>(argp.size()), argp.data());
-  const dsv4::worker::WorkerOptions options = dsv4::worker::OptionsFromFlags();
+  // Unknown flags end here (absl prints them and exits 1); a stray positional argument (a flag whose '=' went
+  // missing in a manifest, say) is refused below rather than ignored.
+  const std::vector<char*> positional = absl::ParseCommandLine(static_cast<int>(argp.size()), argp.data());
+  if (positional.size() > 1) {
+    return dsv4::worker::Fail(absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", positional[1], "' (flags are --name=value or --name value)")));
+  }
+  const dsv4::worker::WorkerOptions options = dsv4::worker::OptionsFromFlags(given);
   if (absl::Status s = dsv4::worker::ValidateOptions(options); !s.ok()) return dsv4::worker::Fail(s);
+  if (options.validate_only) {
+    std::printf("dsv4-worker: flags OK: %s\n", dsv4::worker::DescribeOptions(options).c_str());
+    return 0;
+  }
   dsv4::InitLogging("worker", options.rank, options.log_level);
   if (options.rank > 0) return dsv4::worker::RunFollower(options, signals);
   return dsv4::worker::Run(options, signals);

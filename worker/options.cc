@@ -39,8 +39,16 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
   if (o.backend != "cpu" && o.backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("--backend '", o.backend, "' must be cpu or cuda"));
   }
-  if (o.backend == "cuda") {
-    return absl::UnimplementedError("--backend cuda is not wired into the worker yet; use --backend cpu");
+  if (o.attention_kernel != "mma" && o.attention_kernel != "simt") {
+    return absl::InvalidArgumentError(absl::StrCat("--attention-kernel '", o.attention_kernel, "' must be mma or simt"));
+  }
+  if (o.backend == "cuda" && o.mem_fraction_set) {
+    return absl::InvalidArgumentError(
+        "--mem-fraction sizes KV pools in host memory (--backend cpu); with --backend cuda use --gpu-memory-fraction");
+  }
+  if (!(o.gpu_memory_fraction > 0 && o.gpu_memory_fraction <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gpu-memory-fraction ", o.gpu_memory_fraction, " must lie in (0, 1]"));
   }
   if (o.mode != "exact" && o.mode != "production") {
     return absl::InvalidArgumentError(absl::StrCat("--mode '", o.mode, "' must be exact or production"));
@@ -54,7 +62,7 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
   DSV4_RETURN_IF_ERROR(Range("--prefill-chunk", o.prefill_chunk, 1, 1 << 20));
   DSV4_RETURN_IF_ERROR(Range("--threads", o.threads, 0, 1024));
   DSV4_RETURN_IF_ERROR(Range("--phase-timing-every", o.phase_timing_every, 1, 1 << 20));
-  if (o.kv_pages == 0 && !(o.mem_fraction > 0 && o.mem_fraction <= 1)) {
+  if (o.backend == "cpu" && o.kv_pages == 0 && !(o.mem_fraction > 0 && o.mem_fraction <= 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--mem-fraction ", o.mem_fraction, " must lie in (0, 1] when --kv-pages is 0"));
   }
@@ -78,6 +86,35 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError(absl::StrCat("--drain-timeout ", o.drain_timeout_s, " must be >= 0"));
   }
   return absl::OkStatus();
+}
+
+std::vector<int> GraphBuckets(const WorkerOptions& o) {
+  std::vector<int> buckets;
+  if (o.backend != "cuda" || !o.cuda_graphs) return buckets;
+  // Dense where decode batches usually are, coarser above: a decode step of n sequences pads to the first bucket
+  // >= n, so the waste is at most one step of the ladder; beyond 128, steps of 64 keep the graph count bounded.
+  for (int b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128}) {
+    if (b < o.max_batch) buckets.push_back(b);
+  }
+  for (int b = 192; b < o.max_batch; b += 64) buckets.push_back(b);
+  buckets.push_back(o.max_batch);
+  return buckets;
+}
+
+std::string DescribeOptions(const WorkerOptions& o) {
+  std::string out = absl::StrCat("backend ", o.backend);
+  if (o.backend == "cuda") {
+    absl::StrAppend(&out, " (device ", o.device, ", attention ", o.attention_kernel, ", cuda graphs ",
+                    o.cuda_graphs ? "on" : "off", ", gpu memory fraction ", o.gpu_memory_fraction, ")");
+  } else {
+    absl::StrAppend(&out, " (threads ", o.threads, ", mem fraction ", o.mem_fraction, ")");
+  }
+  absl::StrAppend(&out, ", mode ", o.mode, ", group ", o.group, " rank ", o.rank, " of ", o.world, ", max batch ",
+                  o.max_batch, ", max context ", o.max_context, ", prefill chunk ", o.prefill_chunk, ", page rows ",
+                  o.page_rows, ", kv pages ", o.kv_pages == 0 ? std::string("auto") : absl::StrCat(o.kv_pages),
+                  ", listen ", o.listen);
+  if (!o.metrics_listen.empty()) absl::StrAppend(&out, ", metrics ", o.metrics_listen);
+  return out;
 }
 
 }  // namespace dsv4::worker

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -14,11 +15,15 @@ struct WorkerOptions {
   std::string listen = "127.0.0.1:0";      // --listen: gRPC host:port (port 0 picks one)
   std::string backend = "cpu";             // --backend: cpu | cuda
   int device = 0;                          // --device: GPU ordinal (cuda)
+  std::string attention_kernel = "mma";    // --attention-kernel: cuda sparse-MLA decode kernel, mma | simt
+  bool cuda_graphs = true;                 // --cuda-graphs: decode steps replay per-bucket CUDA graphs (cuda)
+  double gpu_memory_fraction = 0.9;        // --gpu-memory-fraction: share of the GPU's memory this worker uses
   int max_batch = 32;                      // --max-batch: running requests at most
   int max_waiting = 256;                   // --max-waiting: queued requests before RESOURCE_EXHAUSTED
   int max_context = 4096;                  // --max-context: prompt + generated tokens per request
   int64_t kv_pages = 0;                    // --kv-pages: pages per KV pool; 0 = size from --mem-fraction
-  double mem_fraction = 0.3;               // --mem-fraction: share of available memory for KV pools
+  double mem_fraction = 0.3;               // --mem-fraction: share of MemAvailable for KV pools (cpu)
+  bool mem_fraction_set = false;           // whether --mem-fraction was given (refused with --backend cuda)
   int page_rows = 64;                      // --page-rows: rows per KV page
   int prefill_chunk = 256;                 // --prefill-chunk: prefill tokens per step (all requests)
   std::string mode = "exact";              // --mode: exact | production (model NumericMode)
@@ -35,10 +40,20 @@ struct WorkerOptions {
   double drain_timeout_s = 30;             // --drain-timeout: SIGTERM drain budget, seconds
   std::string log_level = "info";          // --log-level
   int phase_timing_every = 64;             // --phase-timing-every: time the phases of 1 step in N (needs metrics)
+  bool validate_only = false;              // --validate-only: check the flags, print them, exit 0 (CI, deploy/)
 };
 
-// INVALID_ARGUMENT naming the flag and the allowed range; UNIMPLEMENTED for options this build cannot serve.
+// INVALID_ARGUMENT naming the flag and the allowed range. Checks the flags alone (never the checkpoint folder,
+// the GPU or what this build contains): what `--validate-only` runs, so a manifest checked in CI on a CPU-only
+// machine passes exactly when the flags are right.
 absl::Status ValidateOptions(const WorkerOptions& options);
+
+// The CUDA-graph decode buckets for --max-batch (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, then steps of
+// 32), the last one exactly max_batch; empty with --cuda-graphs=false or --backend cpu.
+std::vector<int> GraphBuckets(const WorkerOptions& options);
+
+// One line naming the options that matter for a deployment (printed by --validate-only and at start-up).
+std::string DescribeOptions(const WorkerOptions& options);
 
 // The largest step the engine runs: a full prefill chunk plus one decode token of every other running request.
 inline int64_t MaxStepTokens(const WorkerOptions& o) { return int64_t{o.prefill_chunk} + o.max_batch; }

@@ -102,6 +102,7 @@ absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
   eo.mode = o.mode;
   eo.backend = o.backend;
   eo.device = o.device;
+  eo.attention_kernel = o.attention_kernel;
   eo.threads = o.threads;
   eo.max_step_tokens = MaxStepTokens(o);
   eo.max_context = o.max_context;
