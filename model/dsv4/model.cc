@@ -227,13 +227,22 @@ namespace {
 
 // Every check a step needs before it may touch any state: errors name the chunk and the field. Allocates
 // nothing unless it fails (a decode step allocates nothing at all).
-absl::Status ValidateChunks(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, int64_t* total_tokens) {
+absl::Status ValidateChunks(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, const StepShape& shape) {
   const KvCache& cache = *m.cache;
   if (!cache.allocated()) return absl::FailedPreconditionError("Forward before AllocateCache");
-  if (chunks.empty()) return absl::InvalidArgumentError("Forward with no chunks");
-  if (static_cast<int64_t>(chunks.size()) > m.ws.max_seqs)
-    return absl::InvalidArgumentError(absl::StrCat("step has ", chunks.size(), " chunks, more than the ", m.ws.max_seqs,
+  if (shape.seqs > m.ws.max_seqs)
+    return absl::InvalidArgumentError(absl::StrCat("step has ", shape.seqs, " chunks, more than the ", m.ws.max_seqs,
                                                    " state slots"));
+  if (shape.tokens > m.ws.max_tokens)
+    return absl::InvalidArgumentError(absl::StrCat("step has ", shape.tokens,
+                                                   " tokens, more than the planned max_step_tokens ", m.ws.max_tokens));
+  if (shape.seqs < 0 || shape.tokens < shape.seqs || shape.max_seq_len < 1)
+    return absl::InvalidArgumentError(absl::StrCat("step shape of ", shape.tokens, " tokens, ", shape.seqs,
+                                                   " sequences, chunks of <= ", shape.max_seq_len,
+                                                   " tokens is not a shape"));
+  if (static_cast<int64_t>(chunks.size()) > shape.seqs)
+    return absl::InvalidArgumentError(absl::StrCat("step has ", chunks.size(), " chunks, more than its shape's ",
+                                                   shape.seqs, " sequences"));
   std::fill(m.slot_seen.begin(), m.slot_seen.end(), 0);
   int64_t total = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
@@ -241,6 +250,9 @@ absl::Status ValidateChunks(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks
     auto who = [i] { return absl::StrCat("chunk ", i, ": "); };
     if (ch.tables == nullptr) return absl::InvalidArgumentError(who() + "tables is null");
     if (ch.tokens.empty()) return absl::InvalidArgumentError(who() + "no tokens");
+    if (static_cast<int64_t>(ch.tokens.size()) > shape.max_seq_len)
+      return absl::InvalidArgumentError(absl::StrCat(who(), ch.tokens.size(), " tokens, more than the step shape's ",
+                                                     shape.max_seq_len, " per chunk"));
     const int32_t slot = ch.tables->state_slot;
     if (slot < 0 || slot >= cache.slots())
       return absl::InvalidArgumentError(absl::StrCat(who(), "state_slot ", slot, " out of [0, ", cache.slots(), ")"));
@@ -278,29 +290,28 @@ absl::Status ValidateChunks(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks
     }
     total += static_cast<int64_t>(ch.tokens.size());
   }
-  if (total > m.ws.max_tokens)
-    return absl::InvalidArgumentError(absl::StrCat("step has ", total, " tokens, more than the planned max_step_tokens ",
-                                                   m.ws.max_tokens));
-  *total_tokens = total;
+  if (total > shape.tokens)
+    return absl::InvalidArgumentError(absl::StrCat("step has ", total, " tokens, more than its shape's ",
+                                                   shape.tokens));
   return absl::OkStatus();
 }
 
-// Packs the step's plan into the host staging buffer (one copy to the backend follows). Returns the number of
-// logit rows: each chunk's last token, or every token when all_rows.
-int64_t PackPlan(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, int* max_seq_len) {
+// Packs the step's plan, padded to `shape`, into the host staging buffer (one copy to the backend follows).
+// Head rows: each chunk's last token, or every token when all_rows; then one per padding sequence (its padding
+// token, or the last token of the step). Returns the number of head rows.
+int64_t PackPlan(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, const StepShape& shape, bool all_rows) {
   const PlanLayout& l = m.plan;
   int32_t* p = m.ws.plan_host.as<int32_t>();
   int64_t t = 0, rows = 0;
-  *max_seq_len = 0;
-  for (size_t b = 0; b < chunks.size(); ++b) {
+  const int64_t B = static_cast<int64_t>(chunks.size());
+  for (int64_t b = 0; b < B; ++b) {
     const SeqChunk& ch = chunks[b];
     const int64_t n = static_cast<int64_t>(ch.tokens.size());
     p[l.seq_first + b] = static_cast<int32_t>(t);
     p[l.seq_len + b] = static_cast<int32_t>(n);
     p[l.slot + b] = ch.tables->state_slot;
-    *max_seq_len = std::max<int>(*max_seq_len, static_cast<int>(n));
     for (int q = 0; q < kNumKvPools; ++q) {
-      int32_t* row = p + l.table[q] + static_cast<int64_t>(b) * l.stride[q];
+      int32_t* row = p + l.table[q] + b * l.stride[q];
       const auto& pages = ch.tables->pages[q];
       const int64_t used = std::min<int64_t>(l.stride[q], static_cast<int64_t>(pages.size()));
       std::copy_n(pages.data(), used, row);
@@ -313,31 +324,53 @@ int64_t PackPlan(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_
       if (all_rows || j + 1 == n) p[l.head_rows + rows++] = static_cast<int32_t>(t);
     }
   }
+  // Padding: sequences with no tokens and no state slot, tokens at position -1 (their block-table rows are never
+  // read: every op skips a padding sequence before touching its pages).
+  const int64_t real_t = t;
+  for (int64_t b = B; b < shape.seqs; ++b) {
+    p[l.seq_first + b] = static_cast<int32_t>(std::min(real_t, shape.tokens - 1));
+    p[l.seq_len + b] = 0;
+    p[l.slot + b] = -1;
+    p[l.head_rows + rows++] = static_cast<int32_t>(std::min(real_t + (b - B), shape.tokens - 1));
+  }
+  for (; t < shape.tokens; ++t) {
+    p[l.tokens + t] = 0;
+    p[l.pos + t] = -1;
+    p[l.seq + t] = static_cast<int32_t>(std::max<int64_t>(0, shape.seqs - 1));
+  }
   return rows;
 }
 
-// Runs the layers over the step's tokens and copies the logits of the head rows to `out` ([rows, V], host).
-absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, float* out) {
-  int64_t T = 0;
-  DSV4_RETURN_IF_ERROR(ValidateChunks(m, chunks, &T));
-  m.tp_status = absl::OkStatus();
-  const Config& c = m.config;
-  kernels::Backend& be = *m.backend;
-  int max_seq_len = 1;
-  const int64_t rows = PackPlan(m, chunks, all_rows, &max_seq_len);
-  DSV4_RETURN_IF_ERROR(be.CopyToDevice(m.ws.plan.data(), m.ws.plan_host.data(), m.plan.total * 4));
+// The sublayers' view of a plan of `shape` already in backend memory.
+StepContext MakeStepContext(Dsv4Model::Impl& m, const StepShape& shape) {
   const int32_t* plan = m.ws.plan.as<const int32_t>();
-  StepContext s{.ops = be.ops(), .config = c, .mode = m.options.mode, .cache = *m.cache, .ws = m.ws,
+  StepContext s{.ops = m.backend->ops(), .config = m.config, .mode = m.options.mode, .cache = *m.cache, .ws = m.ws,
                 .step = {.pos = plan + m.plan.pos, .seq = plan + m.plan.seq, .seq_first = plan + m.plan.seq_first,
-                         .seq_len = plan + m.plan.seq_len, .state_slot = plan + m.plan.slot, .t = T,
-                         .b = static_cast<int64_t>(chunks.size()), .max_seq_len = max_seq_len},
+                         .seq_len = plan + m.plan.seq_len, .state_slot = plan + m.plan.slot, .t = shape.tokens,
+                         .b = shape.seqs, .max_seq_len = shape.max_seq_len},
                 .tokens = plan + m.plan.tokens, .tables = {}, .inv_freq = &m.inv_freq};
   for (int q = 0; q < kNumKvPools; ++q) s.tables[q] = {.pages = plan + m.plan.table[q], .stride = m.plan.stride[q]};
+  return s;
+}
 
+// Validates, packs and copies the plan in, and advances the slots' positions; *rows gets the head rows.
+absl::Status Prepare(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, const StepShape& shape, bool all_rows,
+                     int64_t* rows) {
+  DSV4_RETURN_IF_ERROR(ValidateChunks(m, chunks, shape));
+  m.tp_status = absl::OkStatus();
+  *rows = PackPlan(m, chunks, shape, all_rows);
+  DSV4_RETURN_IF_ERROR(m.backend->CopyToDevice(m.ws.plan.data(), m.ws.plan_host.data(), m.plan.total * 4));
+  for (const SeqChunk& ch : chunks) m.cache->next_pos(ch.tables->state_slot) += static_cast<int64_t>(ch.tokens.size());
+  return absl::OkStatus();
+}
+
+// Enqueues the embedding and every layer; returns the residual streams the head reads.
+const float* EnqueueLayers(Dsv4Model::Impl& m, const StepContext& s) {
+  const Config& c = m.config;
   m.BeginPhase(Phase::kDense);  // the embedding lookup: every stream starts as the embedding
   float* x = m.ws.x[0].as<float>();
   float* x_next = m.ws.x[1].as<float>();
-  s.ops.Embed({.table = m.weights->embed.get(), .tokens = s.tokens, .pos = s.step.pos, .x = x, .t = T,
+  s.ops.Embed({.table = m.weights->embed.get(), .tokens = s.tokens, .pos = s.step.pos, .x = x, .t = s.step.t,
                .s = c.hc_mult});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     AttentionSublayer(m, s, l, x, x_next);
@@ -345,14 +378,26 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
     FfnSublayer(m, s, l, x, x_next);
     std::swap(x, x_next);
   }
-  for (const SeqChunk& ch : chunks) m.cache->next_pos(ch.tables->state_slot) += static_cast<int64_t>(ch.tokens.size());
-  // The head in passes of at most ws.head_rows rows; each pass's logits come back with one copy.
-  const bool gathered = m.shard != nullptr;
-  float* logits = (gathered ? m.ws.logits_full : m.ws.logits).as<float>();
+  return x;
+}
+
+// The eager forward of Forward / ForwardAllLogits: the head in passes of at most ws.head_rows rows, each pass's
+// logits back with one copy (a decode or prefill step of <= head_rows chunks is one pass).
+absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, float* out) {
+  if (chunks.empty()) return absl::InvalidArgumentError("Forward with no chunks");
+  const StepShape shape = Dsv4Model::ShapeOf(chunks);
+  int64_t rows = 0;
+  DSV4_RETURN_IF_ERROR(Prepare(m, chunks, shape, all_rows, &rows));
+  const StepContext s = MakeStepContext(m, shape);
+  const float* x = EnqueueLayers(m, s);
+  kernels::Backend& be = *m.backend;
+  const int64_t V = m.config.vocab_size;
+  float* logits = (m.shard != nullptr ? m.ws.logits_full : m.ws.logits).as<float>();
+  const int32_t* head_rows = m.ws.plan.as<const int32_t>() + m.plan.head_rows;
   for (int64_t r0 = 0; r0 < rows; r0 += m.ws.head_rows) {
     const int64_t r = std::min(m.ws.head_rows, rows - r0);
-    Head(m, s, x, plan + m.plan.head_rows + r0, r, logits);
-    DSV4_RETURN_IF_ERROR(be.CopyToHost(out + r0 * c.vocab_size, logits, r * c.vocab_size * 4));
+    Head(m, s, x, head_rows + r0, r, logits);
+    DSV4_RETURN_IF_ERROR(be.CopyToHost(out + r0 * V, logits, r * V * 4));
   }
   if (m.options.phase_hook != nullptr) m.options.phase_hook->End();
   DSV4_RETURN_IF_ERROR(be.Synchronize());
@@ -360,6 +405,53 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
 }
 
 }  // namespace
+
+StepShape Dsv4Model::ShapeOf(std::span<const SeqChunk> chunks) {
+  StepShape shape{.tokens = 0, .seqs = static_cast<int64_t>(chunks.size()), .max_seq_len = 1};
+  for (const SeqChunk& ch : chunks) {
+    shape.tokens += static_cast<int64_t>(ch.tokens.size());
+    shape.max_seq_len = std::max(shape.max_seq_len, static_cast<int>(ch.tokens.size()));
+  }
+  return shape;
+}
+
+int64_t Dsv4Model::max_step_tokens() const { return impl_->ws.max_tokens; }
+int64_t Dsv4Model::max_step_seqs() const { return impl_->ws.max_seqs; }
+
+absl::Status Dsv4Model::PrepareStep(std::span<const SeqChunk> chunks, const StepShape& shape) {
+  int64_t rows = 0;
+  return Prepare(*impl_, chunks, shape, false, &rows);
+}
+
+absl::Status Dsv4Model::EnqueueStep(const StepShape& shape) {
+  Impl& m = *impl_;
+  if (!m.cache->allocated()) return absl::FailedPreconditionError("EnqueueStep before AllocateCache");
+  if (shape.tokens > m.ws.max_tokens || shape.seqs > m.ws.max_seqs || shape.seqs > m.ws.head_rows ||
+      shape.seqs < 1 || shape.tokens < shape.seqs || shape.max_seq_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("EnqueueStep: shape of ", shape.tokens, " tokens, ", shape.seqs,
+                                                   " sequences does not fit the workspace (", m.ws.max_tokens,
+                                                   " tokens, ", m.ws.max_seqs, " sequences)"));
+  }
+  const StepContext s = MakeStepContext(m, shape);
+  const float* x = EnqueueLayers(m, s);
+  float* logits = (m.shard != nullptr ? m.ws.logits_full : m.ws.logits).as<float>();
+  Head(m, s, x, m.ws.plan.as<const int32_t>() + m.plan.head_rows, shape.seqs, logits);
+  if (m.options.phase_hook != nullptr) m.options.phase_hook->End();
+  return absl::OkStatus();
+}
+
+absl::Status Dsv4Model::FinishStep(float* logits, int64_t rows) {
+  Impl& m = *impl_;
+  if (rows < 0 || rows > m.ws.head_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("FinishStep: ", rows, " logit rows out of [0, ", m.ws.head_rows, "]"));
+  }
+  if (rows > 0 && logits == nullptr) return absl::InvalidArgumentError("FinishStep: logits is null");
+  kernels::Backend& be = *m.backend;
+  const float* device = (m.shard != nullptr ? m.ws.logits_full : m.ws.logits).as<const float>();
+  DSV4_RETURN_IF_ERROR(be.CopyToHost(logits, device, rows * m.config.vocab_size * 4));
+  DSV4_RETURN_IF_ERROR(be.Synchronize());
+  return m.tp_status;
+}
 
 absl::Status Dsv4Model::Forward(std::span<const SeqChunk> chunks, float* logits) {
   if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");

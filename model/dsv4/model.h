@@ -15,6 +15,10 @@
 //  - The compute runs on the Backend given in ModelOptions (kernels/backend.h); the model constructs none. Weights,
 //    KV pools and the step workspace are backend memory, planned at Load / AllocateCache: a step allocates
 //    nothing and copies its plan to the backend once (one packed int32 buffer) and the logits back once.
+//  - A step is three calls (Forward makes them for you): PrepareStep packs the plan padded to a StepShape and
+//    copies it in; EnqueueStep enqueues the layers and the head, reading everything that varies from step to step
+//    from that plan in backend memory, so a CUDA graph captured of it replays any later plan of the same shape
+//    (worker/graph_runner.h); FinishStep copies the logits out and waits.
 // Threading: a Dsv4Model is used by one thread at a time (the engine thread).
 #pragma once
 
@@ -40,6 +44,18 @@ namespace dsv4::model {
 // kProduction: window/compressed KV nope dims stored as FP8 e4m3 + ue8m0 per 64 dims in the 584-byte row, and
 // the indexer's Hadamard + FP4 simulation, as DeepSeek's reference inference code does.
 enum class NumericMode { kExact, kProduction };
+
+// The size a step is padded to, and every host value its ops are given (T, B, the longest chunk, the head rows): a
+// graph captured for one shape replays any plan packed to it. Padding tokens have pos -1 and padding sequences
+// seq_len 0 and state slot -1; every op skips them (kernels/ops.h).
+struct StepShape {
+  int64_t tokens = 0;   // T: the chunks' tokens in order, then padding tokens
+  int64_t seqs = 0;     // B: the chunks, then padding sequences; also the logit rows (each chunk's last token)
+  int max_seq_len = 1;  // the longest chunk may have this many tokens (1: a decode-only step)
+  // The decode bucket of b sequences of one token each.
+  static StepShape Decode(int64_t b) { return {.tokens = b, .seqs = b, .max_seq_len = 1}; }
+  bool operator==(const StepShape&) const = default;
+};
 
 struct ModelOptions {
   NumericMode mode = NumericMode::kExact;
@@ -86,6 +102,24 @@ class Dsv4Model {
   absl::Status Forward(std::span<const SeqChunk> chunks, float* logits);
   // Same, but returns the logits of every token of every chunk, chunk-major ([sum of tokens, vocab_size]).
   absl::Status ForwardAllLogits(std::span<const SeqChunk> chunks, std::vector<float>* logits);
+
+  // The step in three calls (Forward = PrepareStep(chunks, ShapeOf(chunks)) + EnqueueStep + FinishStep):
+  //  PrepareStep: validates the chunks and that they fit `shape` and the workspace (no chunks at all is an
+  //    all-padding step, e.g. a warm-up), packs the plan padded to `shape` into host staging, copies it to the
+  //    backend (the one copy in) and advances each chunk's state slot position. Host work only besides the copy.
+  //  EnqueueStep: enqueues every layer and the head for a plan of `shape` (logit rows: one per sequence, the
+  //    padding ones included). No host sync, no allocation, no copy: capturable into a CUDA graph, and replaying
+  //    that graph after a later PrepareStep to the same shape runs that step. Fails only on a shape the workspace
+  //    cannot hold (before enqueuing anything).
+  //  FinishStep: copies the first `rows` logit rows ([rows, vocab_size], the chunks' in order) to the host (the
+  //    one copy out), waits for the backend and returns the step's first error (a launch, a collective).
+  static StepShape ShapeOf(std::span<const SeqChunk> chunks);
+  absl::Status PrepareStep(std::span<const SeqChunk> chunks, const StepShape& shape);
+  absl::Status EnqueueStep(const StepShape& shape);
+  absl::Status FinishStep(float* logits, int64_t rows);
+  // The planned step capacity (AllocateCache): tokens and sequences of the largest StepShape.
+  int64_t max_step_tokens() const;
+  int64_t max_step_seqs() const;
 
   // Decode time by phase (hooks.h): replaces ModelOptions::phase_hook (null = none). The forward marks
   // attention, MoE, dense (projections, norms, head) and comm (collectives); the caller owns step boundaries.

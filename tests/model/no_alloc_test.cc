@@ -83,6 +83,30 @@ TEST(NoAllocTest, DecodeStepsAllocateNothingAfterWarmUp) {
                 static_cast<long long>(mixed_allocs));
     EXPECT_EQ(decode_allocs, 0);
     EXPECT_EQ(mixed_allocs, 0);
+    // The graph runner's path: decode steps padded to a bucket through PrepareStep / EnqueueStep / FinishStep,
+    // and its all-padding warm-up step.
+    auto padded_step = [&] {
+      for (int s = 0; s < kSeqs; ++s) {
+        chunks[s] = {.tables = &plan->tables[s], .tokens = std::span(toks[s]).subspan(pos[s], 1), .start_pos = pos[s]};
+        ++pos[s];
+      }
+      const StepShape shape = StepShape::Decode(kSeqs);
+      absl::Status st = m.PrepareStep(std::span(chunks).subspan(0, kSeqs - 1), shape);  // one padding sequence
+      if (st.ok()) st = m.EnqueueStep(shape);
+      if (st.ok()) st = m.FinishStep(logits.data(), kSeqs - 1);
+      --pos[kSeqs - 1];  // the last sequence sat this step out
+      return st;
+    };
+    ASSERT_TRUE(padded_step().ok());
+    const int64_t before_padded = g_allocations.load();
+    for (int step = 0; step < 5; ++step) ASSERT_TRUE(padded_step().ok());
+    ASSERT_TRUE(m.PrepareStep({}, StepShape::Decode(kSeqs)).ok());
+    ASSERT_TRUE(m.EnqueueStep(StepShape::Decode(kSeqs)).ok());
+    ASSERT_TRUE(m.FinishStep(nullptr, 0).ok());
+    const int64_t padded_allocs = g_allocations.load() - before_padded;
+    std::printf("mode %d: %lld allocations in 5 padded decode steps and an all-padding step\n",
+                static_cast<int>(mode), static_cast<long long>(padded_allocs));
+    EXPECT_EQ(padded_allocs, 0);
   }
 }
 
