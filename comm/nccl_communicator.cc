@@ -179,6 +179,18 @@ absl::Status NcclCommunicator::Synchronize() {
   return WaitStream("Synchronize");
 }
 
+void NcclCommunicator::UseStream(void* stream, bool wait_each_call) {
+  if (state_->own_stream) {
+    cudaSetDevice(options_.device);
+    cudaStreamSynchronize(state_->stream);  // nothing of ours may still run on the stream we give up
+    cudaStreamDestroy(state_->stream);
+    state_->own_stream = false;
+  }
+  state_->stream = static_cast<cudaStream_t>(stream);
+  options_.stream = stream;
+  options_.wait_each_call = wait_each_call;
+}
+
 absl::Status NcclCommunicator::AllReduceSum(float* data, size_t n) {
   if (!broken_.ok()) return broken_;
   if (n == 0) return absl::OkStatus();

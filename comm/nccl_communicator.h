@@ -58,6 +58,11 @@ class NcclCommunicator final : public Communicator {
   absl::Status Barrier() override;
   // Waits for every collective enqueued so far, with the collective deadline.
   absl::Status Synchronize();
+  // From now on enqueues on `stream` (a cudaStream_t of this rank's device; the CUDA backend's, so collectives are
+  // ordered with its kernels and recorded into its graphs) and, when wait_each_call is false, returns from each
+  // collective without waiting: the caller calls Synchronize() before it reads results. Call between collectives,
+  // never during a capture. The stream stays the caller's (not destroyed here).
+  void UseStream(void* stream, bool wait_each_call);
 
  private:
   struct State;
@@ -71,7 +76,7 @@ class NcclCommunicator final : public Communicator {
 
   const int rank_;
   const int world_;
-  const NcclOptions options_;
+  NcclOptions options_;
   std::unique_ptr<State> state_;
   absl::Status broken_;
 };

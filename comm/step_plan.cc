@@ -31,6 +31,11 @@ absl::Status ValidateStepPlan(const StepPlan& plan) {
                                                        " pool sizes, expected ", kPlanPools));
       }
       return absl::OkStatus();
+    case StepPlan::kCaptureGraphs:
+      for (int32_t b : plan.capture_graphs().buckets()) {
+        if (b < 1) return absl::InvalidArgumentError(absl::StrCat("step plan ", plan.seq(), ": graph bucket ", b));
+      }
+      return absl::OkStatus();
     case StepPlan::kResetState:
     case StepPlan::kHeartbeat:
     case StepPlan::kShutdown:

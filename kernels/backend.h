@@ -26,6 +26,7 @@ inline constexpr int kNumMemoryKinds = 5;
 const char* MemoryKindName(MemoryKind kind);
 
 class Backend;
+class DeviceControl;  // kernels/device_control.h
 
 // The largest step the model will run and the model sizes the ops depend on. Backend::Reserve sizes every
 // op's scratch (and plans launch configurations) for it once, before any step or graph capture, so that no
@@ -107,6 +108,9 @@ class Backend {
   absl::StatusOr<Buffer> UploadF32(std::span<const float> host, MemoryKind kind = MemoryKind::kWeights);
   // An int32 table (tid2eid) in backend memory.
   absl::StatusOr<Buffer> UploadI32(std::span<const int32_t> host, MemoryKind kind = MemoryKind::kWeights);
+
+  // Graphs, device memory and the native stream (kernels/device_control.h); null for a backend without a device.
+  virtual DeviceControl* device_control() { return nullptr; }
 
  protected:
   friend class Buffer;

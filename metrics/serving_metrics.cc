@@ -159,6 +159,15 @@ ServingMetrics::ServingMetrics(prometheus::Registry& r, const Labels& labels) {
       MakeGauge(r, "dsv4_startup_weight_load_bytes_per_second", "Weight load throughput at start-up.", base);
   capture_seconds_ = MakeGauge(r, "dsv4_startup_graph_capture_seconds", "CUDA graph capture time.", base);
   startup_seconds_ = MakeGauge(r, "dsv4_startup_total_seconds", "Process start to ready.", base);
+  capture_bucket_seconds_ = &prometheus::BuildGauge()
+                                 .Name("dsv4_startup_graph_capture_bucket_seconds")
+                                 .Help("CUDA graph of one decode batch bucket: warm-up step and capture.")
+                                 .Register(r);
+  startup_memory_ = &prometheus::BuildGauge()
+                         .Name("dsv4_startup_memory_bytes")
+                         .Help("Start-up memory plan by kind (device memory on a GPU worker).")
+                         .Register(r);
+  base_ = base;
 #if defined(DSV4_HAVE_CUDA)
   const char* cuda = "yes";
 #else
@@ -220,6 +229,14 @@ void ServingMetrics::SetStartup(double load_s, double load_bytes, double capture
   load_bytes_per_second_->Set(load_s > 0 ? load_bytes / load_s : 0.0);
   capture_seconds_->Set(capture_s);
   startup_seconds_->Set(total_s);
+}
+
+void ServingMetrics::SetGraphCaptureSeconds(int bucket, double s) {
+  capture_bucket_seconds_->Add(With(base_, "bucket", std::to_string(bucket))).Set(s);
+}
+
+void ServingMetrics::SetStartupMemory(std::string_view kind, double bytes) {
+  startup_memory_->Add(With(base_, "kind", std::string(kind))).Set(bytes);
 }
 
 double ServingMetrics::attention_time_share() const { return attention_share_->Value(); }

@@ -96,6 +96,11 @@ class ServingMetrics {
   // Start-up gauges: dsv4_startup_weight_load_seconds, dsv4_startup_weight_load_bytes,
   // dsv4_startup_weight_load_bytes_per_second, dsv4_startup_graph_capture_seconds, dsv4_startup_total_seconds.
   void SetStartup(double load_s, double load_bytes, double capture_s, double total_s);
+  // dsv4_startup_graph_capture_bucket_seconds{bucket}: one decode bucket's CUDA graph (warm-up step + capture).
+  void SetGraphCaptureSeconds(int bucket, double s);
+  // dsv4_startup_memory_bytes{kind}: the start-up memory plan (weights, workspace, state, kv_cache, graphs,
+  // budget; device memory on a GPU worker, host memory on a CPU one).
+  void SetStartupMemory(std::string_view kind, double bytes);
 
   double attention_time_share() const;  // the gauge's current value, for logs and tests
 
@@ -119,6 +124,9 @@ class ServingMetrics {
   prometheus::Gauge* load_bytes_per_second_;
   prometheus::Gauge* capture_seconds_;
   prometheus::Gauge* startup_seconds_;
+  prometheus::Family<prometheus::Gauge>* capture_bucket_seconds_;
+  prometheus::Family<prometheus::Gauge>* startup_memory_;
+  prometheus::Labels base_;
 
   mutable absl::Mutex share_mu_;
   std::array<double, kNumPhases> decayed_ ABSL_GUARDED_BY(share_mu_) = {};

@@ -1,23 +1,39 @@
 // See dsv4_executor.h.
 #include "worker/dsv4_executor.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
+#include "kernels/device_control.h"
 #include "model/dsv4/model.h"
+#include "worker/graph_runner.h"
 #include "worker/model_hooks.h"
+#if defined(DSV4_HAVE_NCCL)
+#include "comm/nccl_communicator.h"
+#include "worker/nccl_collectives.h"
+#endif
 
 namespace dsv4::worker {
 namespace {
 
+bool DecodeOnly(std::span<const SeqChunk> chunks) {
+  return std::all_of(chunks.begin(), chunks.end(), [](const SeqChunk& c) { return c.tokens.size() == 1; });
+}
+
 class Dsv4Executor final : public ModelExecutor {
  public:
-  Dsv4Executor(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<CommCollectives> collectives,
-               std::unique_ptr<PhaseTimerHook> phase_hook)
-      : backend_(std::move(backend)), collectives_(std::move(collectives)), phase_hook_(std::move(phase_hook)) {}
+  Dsv4Executor(std::unique_ptr<kernels::Backend> backend, std::unique_ptr<model::Collectives> collectives,
+               std::unique_ptr<metrics::PhaseTimer> timer)
+      : backend_(std::move(backend)), collectives_(std::move(collectives)), timer_(std::move(timer)) {
+    if (timer_ != nullptr) phase_hook_ = std::make_unique<PhaseTimerHook>(timer_.get());
+#if defined(DSV4_HAVE_NCCL)
+    nccl_ = dynamic_cast<NcclCollectives*>(collectives_.get());
+#endif
+  }
 
   absl::Status Load(const Dsv4ExecutorOptions& o) {
     model::ModelOptions mo;
@@ -47,21 +63,109 @@ class Dsv4Executor final : public ModelExecutor {
     return model::Dsv4Model::RowsNeeded(model_->config(), pool, num_positions);
   }
   absl::Status AllocateCache(const std::array<int64_t, kNumPools>& pages, int page_rows, int slots) override {
-    return model_->AllocateCache(pages, page_rows, slots);
+    // Graphs point at the memory about to be replaced: free them first (the buckets stay; CaptureGraphs again).
+    if (runner_ != nullptr) runner_->InvalidateAll();
+    DSV4_RETURN_IF_ERROR(model_->AllocateCache(pages, page_rows, slots));
+#if defined(DSV4_HAVE_NCCL)
+    if (nccl_ != nullptr) DSV4_RETURN_IF_ERROR(nccl_->Reserve(model_->max_head_rows()));
+#endif
+    return absl::OkStatus();
   }
   absl::Status ResetState(int32_t slot) override { return model_->ResetState(slot); }
+
   absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override {
+    if (runner_ != nullptr && DecodeOnly(chunks) && runner_->BucketFor(static_cast<int64_t>(chunks.size())) > 0) {
+      // A step the phase timer measures runs eagerly (its phases are host-marked); it is padded like the graph.
+      const bool timed = timer_ != nullptr && timer_->sampling();
+      return runner_->RunDecode(chunks, logits, timed);
+    }
     return model_->Forward(chunks, logits);
   }
 
+  ExecutorMemory Memory() override {
+    const auto held = backend_->allocated();
+    ExecutorMemory m{.backend = backend_->name(),
+                     .weights = held[static_cast<int>(kernels::MemoryKind::kWeights)],
+                     .kv_cache = held[static_cast<int>(kernels::MemoryKind::kKvCache)],
+                     .state = held[static_cast<int>(kernels::MemoryKind::kState)],
+                     .workspace = held[static_cast<int>(kernels::MemoryKind::kWorkspace)],
+                     .host_staging = held[static_cast<int>(kernels::MemoryKind::kHostStaging)]};
+    if (kernels::DeviceControl* device = backend_->device_control(); device != nullptr) {
+      if (absl::StatusOr<kernels::DeviceMemory> d = device->Memory(); d.ok()) {
+        m.device = true;
+        m.device_total = d->total;
+        m.device_free = d->free;
+      }
+    }
+    return m;
+  }
+
+  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) override {
+    if (buckets.empty()) {
+      runner_.reset();
+      return GraphCaptureReport{};
+    }
+    if (runner_ == nullptr || runner_->buckets() != buckets) {
+      runner_ = std::make_unique<GraphRunner>(*model_, backend_->device_control(), buckets);
+    }
+    return runner_->CaptureAll();
+  }
+
+  metrics::PhaseTimer* phase_timer() override { return timer_.get(); }
+
  private:
-  // Declaration order is destruction order in reverse: the model goes before the backend and the adapters.
+  // Declaration order is destruction order in reverse: graphs, then the model, before the backend and adapters.
   std::unique_ptr<kernels::Backend> backend_;
-  std::unique_ptr<CommCollectives> collectives_;
+  std::unique_ptr<model::Collectives> collectives_;
+#if defined(DSV4_HAVE_NCCL)
+  NcclCollectives* nccl_ = nullptr;  // collectives_ when it is the NCCL one (its buffers follow AllocateCache)
+#endif
+  std::unique_ptr<metrics::PhaseTimer> timer_;
   std::unique_ptr<PhaseTimerHook> phase_hook_;
   std::unique_ptr<model::Dsv4Model> model_;
+  std::unique_ptr<GraphRunner> runner_;
   ModelInfo info_;
 };
+
+// The collectives of a tensor-parallel rank: NCCL on the backend's stream for a GPU group, the communicator's own
+// (Gloo) otherwise.
+absl::StatusOr<std::unique_ptr<model::Collectives>> MakeCollectives(comm::Communicator* comm, kernels::Backend& backend,
+                                                                    const model::ShardLayout& layout) {
+  if (comm->backend() == "nccl") {
+#if defined(DSV4_HAVE_NCCL)
+    auto* nc = dynamic_cast<comm::NcclCommunicator*>(comm);
+    if (nc == nullptr) return absl::InternalError("a communicator named nccl is not a NcclCommunicator");
+    DSV4_ASSIGN_OR_RETURN(std::unique_ptr<NcclCollectives> c, NcclCollectives::Create(nc, &backend, layout));
+    return std::unique_ptr<model::Collectives>(std::move(c));
+#else
+    return absl::FailedPreconditionError("an NCCL group in a build without NCCL");
+#endif
+  }
+  if (backend.device_control() != nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("backend ", backend.name(), " keeps activations in device ",
+                                                      "memory: its group needs NCCL collectives, but the group's ",
+                                                      "communicator is ", std::string(comm->backend())));
+  }
+  return std::unique_ptr<model::Collectives>(std::make_unique<CommCollectives>(comm, layout));
+}
+
+// The phase timer of the backend's steps: CUDA events on its stream, or the CPU clock.
+absl::StatusOr<std::unique_ptr<metrics::PhaseTimer>> MakePhaseTimer(const Dsv4ExecutorOptions& o,
+                                                                    kernels::Backend& backend) {
+  if (!o.phase_sink) return std::unique_ptr<metrics::PhaseTimer>();
+  const metrics::PhaseTimerOptions options{.sample_every = o.phase_timing_every};
+  if (kernels::DeviceControl* device = backend.device_control(); device != nullptr) {
+#if defined(DSV4_HAVE_CUDA)
+    DSV4_ASSIGN_OR_RETURN(std::unique_ptr<metrics::CudaPhaseTimer> timer,
+                          metrics::MakeCudaPhaseTimer(o.phase_sink, static_cast<cudaStream_t>(device->stream()),
+                                                      options));
+    return std::unique_ptr<metrics::PhaseTimer>(std::move(timer));
+#else
+    return absl::FailedPreconditionError("a device backend in a build without CUDA");
+#endif
+  }
+  return metrics::MakeCpuPhaseTimer(o.phase_sink, options);
+}
 
 }  // namespace
 
@@ -69,16 +173,15 @@ absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4Execut
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend,
                         kernels::MakeBackend({.name = o.backend, .threads = o.threads, .device = o.device,
                                               .attention_kernel = o.attention_kernel}));
-  std::unique_ptr<CommCollectives> collectives;
+  std::unique_ptr<model::Collectives> collectives;
   if (o.tp_comm != nullptr && o.tp_comm->world() > 1) {
     DSV4_ASSIGN_OR_RETURN(Config c, LoadConfig(o.checkpoint));
     DSV4_ASSIGN_OR_RETURN(model::ShardLayout layout,
                           model::PlanShardLayout(c, {o.tp_comm->rank(), o.tp_comm->world()}));
-    collectives = std::make_unique<CommCollectives>(o.tp_comm, layout);
+    DSV4_ASSIGN_OR_RETURN(collectives, MakeCollectives(o.tp_comm, *backend, layout));
   }
-  std::unique_ptr<PhaseTimerHook> hook;
-  if (o.phase_timer != nullptr) hook = std::make_unique<PhaseTimerHook>(o.phase_timer);
-  auto ex = std::make_unique<Dsv4Executor>(std::move(backend), std::move(collectives), std::move(hook));
+  DSV4_ASSIGN_OR_RETURN(std::unique_ptr<metrics::PhaseTimer> timer, MakePhaseTimer(o, *backend));
+  auto ex = std::make_unique<Dsv4Executor>(std::move(backend), std::move(collectives), std::move(timer));
   DSV4_RETURN_IF_ERROR(ex->Load(o));
   return std::unique_ptr<ModelExecutor>(std::move(ex));
 }

@@ -1,5 +1,8 @@
-// ModelExecutor over dsv4::model::Dsv4Model: owns the compute backend (kernels/backend.h), the model and the
-// adapters the model calls out through (model_hooks.h).
+// ModelExecutor over dsv4::model::Dsv4Model: owns the compute backend (kernels/backend.h), the model, the
+// adapters the model calls out through (model_hooks.h; nccl_collectives.h on a GPU group), the phase timer of its
+// steps (CUDA events on the backend's stream, or the CPU clock) and, on a device backend, the CUDA graphs of
+// decode steps (graph_runner.h): a decode-only step of a captured bucket replays its graph unless the phase timer
+// measures that step, which then runs the same padded plan eagerly so its phases can be timed.
 #pragma once
 
 #include <functional>
@@ -7,13 +10,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "metrics/phase_timer.h"
 #include "worker/model_executor.h"
 
 namespace dsv4::comm {
 class Communicator;
-}
-namespace dsv4::metrics {
-class PhaseTimer;
 }
 
 namespace dsv4::worker {
@@ -27,7 +28,10 @@ struct Dsv4ExecutorOptions {
   int threads = 0;              // CPU backend threads; 0 = all cores
   int64_t max_step_tokens = 2048;  // the largest step the engine runs (prefill chunk + decode tokens)
   int64_t max_context = 8192;      // the longest sequence (positions)
-  metrics::PhaseTimer* phase_timer = nullptr;  // the forward marks its phases on it; null = no timing
+  // Decode time by phase: the executor makes its timer (on the backend's stream for CUDA) feeding this sink,
+  // measuring 1 step in phase_timing_every (phase_timer()); empty sink = no timing.
+  metrics::PhaseSink phase_sink = nullptr;
+  int phase_timing_every = 64;
   std::function<void(int layers_loaded, int layers_total)> on_layer_loaded = nullptr;  // load progress; may be empty
   // Tensor parallelism (docs/tensor-parallel.md): the group's data communicator. The model then loads only
   // this rank's shard and all-reduces / gathers inside its forward. Null: the whole model (world 1).

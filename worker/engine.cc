@@ -39,7 +39,8 @@ Engine::Engine(std::unique_ptr<ModelExecutor> executor, const KvSizing& sizing, 
       options_(options),
       metrics_(metrics),
       kv_(*executor_, sizing),
-      scheduler_(&kv_, SchedulerOptions{.max_batch = options.max_batch, .prefill_chunk = options.prefill_chunk}) {
+      scheduler_(&kv_, SchedulerOptions{.max_batch = options.max_batch, .prefill_chunk = options.prefill_chunk}),
+      phase_timer_(options.phase_timer != nullptr ? options.phase_timer : executor_->phase_timer()) {
   PublishLoad(0);
 }
 
@@ -246,9 +247,9 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
                       .start_pos = c.start});
   }
   logits_.resize(plan.size() * static_cast<size_t>(vocab));
-  if (options_.phase_timer != nullptr) options_.phase_timer->BeginStep();
+  if (phase_timer_ != nullptr) phase_timer_->BeginStep();
   const absl::Status status = executor_->Forward(chunks, logits_.data());
-  if (options_.phase_timer != nullptr) options_.phase_timer->EndStep();
+  if (phase_timer_ != nullptr) phase_timer_->EndStep();
   if (!status.ok()) {
     DSV4_LOG_ERROR("forward failed for a batch of {}: {}", plan.size(), status.ToString());
     for (const ScheduledChunk& c : plan) {

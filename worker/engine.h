@@ -41,7 +41,8 @@ struct EngineOptions {
   int prefill_chunk = 256;
   int max_context = 4096;
   // Decode time by phase: BeginStep/EndStep around each step's Forward (the executor marks the phases inside).
-  // Null = no timing. Must outlive the engine; used on the engine thread only.
+  // Null = the executor's own timer (ModelExecutor::phase_timer; none for most fakes). Must outlive the engine;
+  // used on the engine thread only.
   metrics::PhaseTimer* phase_timer = nullptr;
 };
 
@@ -94,6 +95,7 @@ class Engine {
   KvManager kv_;
   Scheduler scheduler_;
   Sampler sampler_;
+  metrics::PhaseTimer* phase_timer_;  // options_.phase_timer or the executor's; may be null
   std::vector<float> logits_;  // [chunks, vocab]
   std::thread thread_;
 

@@ -127,6 +127,26 @@ absl::StatusOr<KvSizing> PlanKvSizing(const ModelExecutor& ex, const KvSizingReq
   return s;
 }
 
+KvSizing MinimalKvSizing(const ModelExecutor& ex, const KvSizingRequest& r) {
+  KvSizing s;
+  s.page_rows = r.page_rows;
+  s.max_slots = r.max_batch;
+  for (int p = 0; p < kNumPools; ++p) s.page_bytes[p] = ex.PageBytes(static_cast<Pool>(p), r.page_rows);
+  s.pages = PagesForWith(ex, s, r.max_context);
+  const int kWindow = static_cast<int>(Pool::kWindow);
+  s.pages[kWindow] *= r.max_batch;
+  return s;
+}
+
+int64_t MaxSequencesAt(const ModelExecutor& ex, const KvSizing& s, int64_t positions) {
+  const std::array<int64_t, kNumPools> one = PagesForWith(ex, s, positions);
+  int64_t most = s.max_slots;
+  for (int p = 0; p < kNumPools; ++p) {
+    if (one[p] > 0) most = std::min(most, s.pages[p] / one[p]);
+  }
+  return most;
+}
+
 KvManager::KvManager(const ModelExecutor& executor, const KvSizing& sizing)
     : executor_(executor), sizing_(sizing), pools_(MakePools(sizing)) {
   for (int i = sizing.max_slots - 1; i >= 0; --i) free_slots_.push_back(i);

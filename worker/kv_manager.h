@@ -59,6 +59,13 @@ struct KvSizingRequest {
 // max_context would not fit, because then the scheduler could never make progress.
 absl::StatusOr<KvSizing> PlanKvSizing(const ModelExecutor& executor, const KvSizingRequest& request);
 
+// The smallest sizing PlanKvSizing could return: --max-batch window rings and one request of --max-context in every
+// growing pool (a device worker allocates it first, to measure everything the pools do not take).
+KvSizing MinimalKvSizing(const ModelExecutor& executor, const KvSizingRequest& request);
+
+// How many sequences of `positions` tokens the pools hold at once (the tightest pool decides), at most max_slots.
+int64_t MaxSequencesAt(const ModelExecutor& executor, const KvSizing& sizing, int64_t positions);
+
 struct PoolUsage {
   int64_t used = 0;
   int64_t total = 0;

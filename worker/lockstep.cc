@@ -109,6 +109,16 @@ absl::Status LockstepLeader::Forward(std::span<const SeqChunk> chunks, float* lo
   return IsCommFailure(s) ? Broken(s) : s;
 }
 
+absl::StatusOr<GraphCaptureReport> LockstepLeader::CaptureGraphs(const std::vector<int>& buckets) {
+  std::lock_guard<std::mutex> lock(mu_);
+  comm::StepPlan plan;
+  plan.mutable_capture_graphs()->mutable_buckets()->Add(buckets.begin(), buckets.end());
+  DSV4_RETURN_IF_ERROR(SendLocked(plan));
+  absl::StatusOr<GraphCaptureReport> report = local_->CaptureGraphs(buckets);
+  if (!report.ok() && IsCommFailure(report.status())) return Broken(report.status());
+  return report;
+}
+
 void LockstepLeader::HeartbeatLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
@@ -163,6 +173,11 @@ absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local) {
         std::array<int64_t, kNumPools> pages{};
         for (int p = 0; p < kNumPools; ++p) pages[p] = op.pages_per_pool(p);
         s = local.AllocateCache(pages, op.page_rows(), op.max_state_slots());
+        break;
+      }
+      case comm::StepPlan::kCaptureGraphs: {
+        const auto& op = plan.capture_graphs();
+        s = local.CaptureGraphs(std::vector<int>(op.buckets().begin(), op.buckets().end())).status();
         break;
       }
       case comm::StepPlan::kForward: {

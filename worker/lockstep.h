@@ -3,7 +3,7 @@
 // The leader's engine keeps calling a ModelExecutor as for world 1; LockstepLeader wraps the leader's own
 // (sharded) executor and, before each state-changing call (AllocateCache, ResetState, Forward), broadcasts it as a
 // comm::StepPlan over the control communicator. Every follower runs RunFollower: receive a plan, apply the same call to
-// its own shard, repeat. The collectives inside the forward then pair up across ranks because every rank makes
+// its own shard, repeat (CaptureGraphs too). The collectives inside the forward then pair up across ranks because every rank makes
 // the same calls in the same order.
 //
 //   leader engine thread                 follower main thread (ranks 1..T-1)
@@ -57,6 +57,10 @@ class LockstepLeader final : public ModelExecutor {
                              int max_state_slots) override;
   absl::Status ResetState(int32_t state_slot) override;
   absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override;
+  // Broadcast like the steps: every rank captures the same buckets (and so pads decode steps alike).
+  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) override;
+  ExecutorMemory Memory() override { return local_->Memory(); }
+  metrics::PhaseTimer* phase_timer() override { return local_->phase_timer(); }
 
   // OK while the group is healthy; the first failure afterwards.
   absl::Status health() const;

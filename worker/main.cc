@@ -39,6 +39,7 @@
 #include "worker/dsv4_executor.h"
 #include "worker/engine.h"
 #include "worker/kv_manager.h"
+#include "worker/memory_plan.h"
 #include "worker/options.h"
 #include "worker/service.h"
 #include "worker/tp_group.h"
@@ -160,18 +161,34 @@ int64_t CheckpointBytes(const std::string& dir) {
   return ec ? 0 : total;
 }
 
-// Weight-load numbers for the start-up gauges.
+// Weight-load and graph-capture numbers for the start-up gauges.
 struct LoadStats {
   double seconds = 0;
   int64_t bytes = 0;
+  double capture_seconds = 0;
 };
 
+// Exports the memory plan and the capture times as start-up gauges.
+void ExportStartup(metrics::ServingMetrics* metrics, const ExecutorMemory& m, const MemoryPlan& plan) {
+  if (metrics == nullptr) return;
+  for (const GraphCaptureReport::Bucket& b : plan.graphs.buckets) {
+    metrics->SetGraphCaptureSeconds(b.bucket, b.warm_up_seconds + b.capture_seconds);
+  }
+  metrics->SetStartupMemory("weights", static_cast<double>(m.weights));
+  metrics->SetStartupMemory("workspace", static_cast<double>(m.workspace));
+  metrics->SetStartupMemory("state", static_cast<double>(m.state));
+  metrics->SetStartupMemory("kv_cache", static_cast<double>(m.kv_cache));
+  metrics->SetStartupMemory("graphs", static_cast<double>(plan.graphs.device_bytes));
+  metrics->SetStartupMemory("budget", static_cast<double>(plan.budget_bytes));
+}
+
 // Loads the weights (this rank's shard when `group` is set, then wrapped in the lock-step leader whose
-// on_failure is `on_group_failure`), sizes and allocates the KV pools (logged) and starts the engine thread.
-// phase_timer (may be null) is marked by the forward and the engine; it must outlive the engine.
+// on_failure is `on_group_failure`), plans the memory - KV pools sized and allocated, CUDA graphs captured, the
+// table logged (memory_plan.h) - and starts the engine thread. The executor's phase timer (CUDA events on a GPU)
+// feeds `metrics` when given.
 absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metrics::ServingMetrics* metrics,
-                                                    metrics::PhaseTimer* phase_timer, LoadStats* load,
-    comm::Group* group, std::function<void(const absl::Status&)> on_group_failure) {
+                                                    LoadStats* load, comm::Group* group,
+                                                    std::function<void(const absl::Status&)> on_group_failure) {
   load->bytes = CheckpointBytes(o.checkpoint);
   // Progress lines (percent, GB/s) every 5 s of a long load: bytes are credited per main layer loaded.
   metrics::LoadProgress progress("weights", load->bytes);
@@ -186,27 +203,32 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
                                           .device = o.device, .attention_kernel = o.attention_kernel,
                                           .threads = o.threads,
                                           .max_step_tokens = MaxStepTokens(o), .max_context = o.max_context,
-                                          .phase_timer = phase_timer,
+                                          .phase_sink = metrics != nullptr ? metrics::SinkTo(metrics) : nullptr,
+                                          .phase_timing_every = o.phase_timing_every,
                                           .on_layer_loaded = on_layer,
                                           .tp_comm = group != nullptr ? &group->data() : nullptr}));
   LogResident(o);
   if (group != nullptr) executor = WrapLeader(std::move(executor), *group, o, std::move(on_group_failure));
   progress.Add(load->bytes - credited);
   load->seconds = progress.Finish();
-  DSV4_ASSIGN_OR_RETURN(KvSizing sizing, PlanKvSizing(*executor, {.page_rows = o.page_rows,
-                                                                  .max_batch = o.max_batch,
-                                                                  .max_context = o.max_context,
-                                                                  .kv_pages = o.kv_pages,
-                                                                  .mem_fraction = o.mem_fraction,
-                                                                  .available_bytes = AvailableHostBytes()}));
-  DSV4_RETURN_IF_ERROR(executor->AllocateCache(sizing.pages, sizing.page_rows, sizing.max_slots));
-  DSV4_LOG_INFO("KV pools: {}", sizing.ToString());
-  auto engine = std::make_unique<Engine>(std::move(executor), sizing,
+  DSV4_ASSIGN_OR_RETURN(MemoryPlan plan,
+                        PlanMemory(*executor, {.kv = {.page_rows = o.page_rows,
+                                                      .max_batch = o.max_batch,
+                                                      .max_context = o.max_context,
+                                                      .kv_pages = o.kv_pages,
+                                                      .mem_fraction = o.mem_fraction,
+                                                      .available_bytes = AvailableHostBytes()},
+                                               .gpu_memory_fraction = o.gpu_memory_fraction,
+                                               .graph_buckets = GraphBuckets(o)}));
+  DSV4_LOG_INFO("KV pools: {}", plan.sizing.ToString());
+  if (!plan.graphs.buckets.empty()) DSV4_LOG_INFO("CUDA graphs: {}", plan.graphs.ToString());
+  load->capture_seconds = plan.graphs.seconds;
+  ExportStartup(metrics, executor->Memory(), plan);
+  auto engine = std::make_unique<Engine>(std::move(executor), plan.sizing,
                                          EngineOptions{.max_batch = o.max_batch,
                                                        .max_waiting = o.max_waiting,
                                                        .prefill_chunk = o.prefill_chunk,
-                                                       .max_context = o.max_context,
-                                                       .phase_timer = phase_timer},
+                                                       .max_context = o.max_context},
                                          metrics);
   engine->Start();
   return engine;
@@ -272,13 +294,6 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     serving_metrics = std::make_unique<metrics::ServingMetrics>(
         *metrics_server->registry(), metrics::Labels{.role = "worker", .group = group, .rank = o.rank});
   }
-  std::unique_ptr<metrics::PhaseTimer> phase_timer;  // declared before the engine, so it outlives it
-  if (serving_metrics) {
-    auto timer = metrics::MakeCpuPhaseTimer(metrics::SinkTo(serving_metrics.get()),
-                                            {.sample_every = o.phase_timing_every});
-    if (!timer.ok()) return Fail(timer.status());
-    phase_timer = std::move(*timer);
-  }
   // World > 1: the rendezvous store exists before the server answers Worker.Rendezvous.
   auto rendezvous_or = MakeRendezvousLeader(o);
   if (!rendezvous_or.ok()) return Fail(rendezvous_or.status());
@@ -302,7 +317,7 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     group = std::move(*formed);
   }
   LoadStats load;
-  auto engine_or = StartEngine(o, serving_metrics.get(), phase_timer.get(), &load, group ? &*group : nullptr,
+  auto engine_or = StartEngine(o, serving_metrics.get(), &load, group ? &*group : nullptr,
                                [server](const absl::Status& s) {
                                  DSV4_LOG_ERROR("worker group broken: {}; health NOT_SERVING", s.ToString());
                                  server->GetHealthCheckService()->SetServingStatus(false);
@@ -314,7 +329,7 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   const std::string ready = ReadyLine(o, port, metrics_server.get());
   if (serving_metrics) {
     const double total_s = absl::ToDoubleSeconds(absl::Now() - t_start);
-    serving_metrics->SetStartup(load.seconds, static_cast<double>(load.bytes), 0, total_s);
+    serving_metrics->SetStartup(load.seconds, static_cast<double>(load.bytes), load.capture_seconds, total_s);
   }
   if (!o.ready_file.empty()) {
     if (absl::Status s = WriteReadyFile(o.ready_file, ready); !s.ok()) return Fail(s);

@@ -13,7 +13,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "model/dsv4/step.h"
+
+namespace dsv4::metrics {
+class PhaseTimer;
+}
 
 namespace dsv4::worker {
 
@@ -23,6 +28,29 @@ inline constexpr int kNumPools = model::kNumKvPools;
 inline constexpr const auto& kPoolNames = model::kKvPoolNames;
 using BlockTables = model::SeqBlockTables;
 using SeqChunk = model::SeqChunk;
+
+// Bytes the executor's backend holds by kind, and the device's memory when the backend has one (start-up plan).
+struct ExecutorMemory {
+  std::string backend;          // the backend's name, e.g. "cuda:0 (NVIDIA H200, sm_90), attention mma"
+  bool device = false;          // a device backend: device_total / device_free are the GPU's
+  int64_t device_total = 0;
+  int64_t device_free = 0;      // free on the device now (every process's allocations counted)
+  int64_t weights = 0, kv_cache = 0, state = 0, workspace = 0, host_staging = 0;
+};
+
+// CUDA graphs captured at start-up (worker/graph_runner.h): time per bucket and what they hold.
+struct GraphCaptureReport {
+  struct Bucket {
+    int bucket = 0;
+    double warm_up_seconds = 0;  // the eager all-padding step before the capture
+    double capture_seconds = 0;  // capture + instantiate + upload
+    int64_t nodes = 0;
+  };
+  std::vector<Bucket> buckets;  // in capture order (ascending)
+  double seconds = 0;           // everything, warm-ups included
+  int64_t device_bytes = 0;     // device memory the graphs took (free before minus free after; 0 when unknown)
+  std::string ToString() const;
+};
 
 struct ModelInfo {
   std::string model_name;
@@ -46,6 +74,18 @@ class ModelExecutor {
   virtual absl::Status ResetState(int32_t state_slot) = 0;
   // Runs every chunk and writes the logits of each chunk's last token to logits[i * vocab_size].
   virtual absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) = 0;
+
+  // What the backend holds (and the device's memory); the default reports nothing (a fake executor).
+  virtual ExecutorMemory Memory() { return {}; }
+  // After AllocateCache: one CUDA graph per decode bucket (ascending). From then on a decode-only step of n <= the
+  // largest bucket sequences is padded to the smallest bucket >= n - on every rank of a group, graphs or not - and
+  // replays that bucket's graph. A backend without graphs captures nothing; empty buckets: no padding, all eager.
+  virtual absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) {
+    return GraphCaptureReport{};
+  }
+  // The timer the engine brackets each step with (BeginStep / EndStep; the forward marks the phases inside),
+  // measuring on the executor's own clock or stream; null = no phase timing.
+  virtual metrics::PhaseTimer* phase_timer() { return nullptr; }
 };
 
 }  // namespace dsv4::worker

@@ -50,6 +50,10 @@ absl::StatusOr<comm::GroupOptions> MakeGroupOptions(const WorkerOptions& o) {
   g.leader_addr = o.leader;
   g.comm.timeout = Ms(o.comm_timeout_s);
   g.comm.startup_timeout = Ms(o.startup_timeout_s);
+  // A GPU group's activations are device buffers: its forward's collectives go through NCCL (on the CUDA backend's
+  // stream, worker/nccl_collectives.h); step plans and heartbeats stay on Gloo.
+  g.use_nccl = o.backend == "cuda";
+  g.cuda_device = o.device;
   return g;
 }
 

@@ -13,7 +13,12 @@
 namespace dsv4::kernels::cuda {
 
 CudaBackend::CudaBackend(int device, cudaStream_t stream, std::string name, sparse_mla::SparseMlaKernel attention)
-    : device_(device), stream_(stream), name_(std::move(name)), ops_(stream, &scratch_), attention_kernel_(attention) {}
+    : device_(device),
+      stream_(stream),
+      name_(std::move(name)),
+      ops_(stream, &scratch_),
+      control_(device, stream, [this] { return ops_.TakeError(); }),
+      attention_kernel_(attention) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_graphs.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/sparse_mla/sparse_mla_launch.h"
@@ -37,6 +38,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<ExpertsHandle> PrepareExperts(std::span<const WeightView> w1, std::span<const WeightView> w3,
                                                std::span<const WeightView> w2) override;
 
+  // CUDA graphs of steps, cudaMemGetInfo and the stream (cuda_graphs.h).
+  DeviceControl* device_control() override { return &control_; }
   int device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
   // The scratch Reserve sized (empty before the first Reserve).
@@ -57,6 +60,7 @@ class CudaBackend final : public Backend {
   const std::string name_;
   CudaScratchSet scratch_;
   CudaOps ops_;
+  CudaDeviceControl control_;
   Buffer moe_scratch_, attention_scratch_, indexer_scratch_;
   const sparse_mla::SparseMlaKernel attention_kernel_;            // --attention-kernel: mma | simt
   std::shared_ptr<const AttentionPlan> attention_plan_;           // made at Reserve, before any capture

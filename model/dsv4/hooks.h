@@ -22,6 +22,10 @@ class Collectives {
   // full[rows, vocab] <- every rank's local[rows, its vocabulary range] (ranges of model/dsv4/shard.h's
   // ShardLayout::vocab, in rank order).
   virtual absl::Status GatherVocab(const float* local, int64_t rows, int64_t vocab, float* full) = 0;
+  // Waits until the collectives enqueued so far have completed, within the group's deadline (a dead or hung peer
+  // ends in an error instead of a hang). The forward calls it before it copies results to the host. Collectives
+  // that complete inside their call (host ones) have nothing to wait for.
+  virtual absl::Status Flush() { return absl::OkStatus(); }
 };
 
 // Where the forward is: the sublayer phases of decode-time accounting.

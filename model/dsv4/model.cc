@@ -381,6 +381,14 @@ const float* EnqueueLayers(Dsv4Model::Impl& m, const StepContext& s) {
   return x;
 }
 
+// Tensor parallel: waits for the step's collectives within the group's deadline before anything is copied to the
+// host (a copy would wait for a dead peer forever). Keeps the first failure in tp_status and returns it.
+absl::Status FlushCollectives(Dsv4Model::Impl& m) {
+  if (m.options.collectives == nullptr || m.options.collectives->world() == 1 || !m.tp_status.ok()) return m.tp_status;
+  m.tp_status = m.options.collectives->Flush();
+  return m.tp_status;
+}
+
 // The eager forward of Forward / ForwardAllLogits: the head in passes of at most ws.head_rows rows, each pass's
 // logits back with one copy (a decode or prefill step of <= head_rows chunks is one pass).
 absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, float* out) {
@@ -397,6 +405,7 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
   for (int64_t r0 = 0; r0 < rows; r0 += m.ws.head_rows) {
     const int64_t r = std::min(m.ws.head_rows, rows - r0);
     Head(m, s, x, head_rows + r0, r, logits);
+    DSV4_RETURN_IF_ERROR(FlushCollectives(m));
     DSV4_RETURN_IF_ERROR(be.CopyToHost(out + r0 * V, logits, r * V * 4));
   }
   if (m.options.phase_hook != nullptr) m.options.phase_hook->End();
@@ -417,6 +426,7 @@ StepShape Dsv4Model::ShapeOf(std::span<const SeqChunk> chunks) {
 
 int64_t Dsv4Model::max_step_tokens() const { return impl_->ws.max_tokens; }
 int64_t Dsv4Model::max_step_seqs() const { return impl_->ws.max_seqs; }
+int64_t Dsv4Model::max_head_rows() const { return impl_->ws.head_rows; }
 
 absl::Status Dsv4Model::PrepareStep(std::span<const SeqChunk> chunks, const StepShape& shape) {
   int64_t rows = 0;
@@ -447,6 +457,7 @@ absl::Status Dsv4Model::FinishStep(float* logits, int64_t rows) {
   }
   if (rows > 0 && logits == nullptr) return absl::InvalidArgumentError("FinishStep: logits is null");
   kernels::Backend& be = *m.backend;
+  DSV4_RETURN_IF_ERROR(FlushCollectives(m));
   const float* device = (m.shard != nullptr ? m.ws.logits_full : m.ws.logits).as<const float>();
   DSV4_RETURN_IF_ERROR(be.CopyToHost(logits, device, rows * m.config.vocab_size * 4));
   DSV4_RETURN_IF_ERROR(be.Synchronize());

@@ -120,6 +120,8 @@ class Dsv4Model {
   // The planned step capacity (AllocateCache): tokens and sequences of the largest StepShape.
   int64_t max_step_tokens() const;
   int64_t max_step_seqs() const;
+  // Logit rows one head pass produces at most (the rows GatherVocab is called with are never more).
+  int64_t max_head_rows() const;
 
   // Decode time by phase (hooks.h): replaces ModelOptions::phase_hook (null = none). The forward marks
   // attention, MoE, dense (projections, norms, head) and comm (collectives); the caller owns step boundaries.

@@ -1,0 +1,80 @@
+// CUDA graphs of decode steps (GPU-ENGINE.md §1, issue 15): one graph per decode batch bucket, captured at
+// start-up, replayed by every decode-only step padded to its bucket, so a decode step costs the host one plan
+// copy, one graph launch and one logits copy. Prefill and mixed steps run eagerly (Dsv4Model::Forward).
+//
+// The model stays free of CUDA: a graph is Dsv4Model::EnqueueStep(StepShape::Decode(b)) recorded through the
+// backend's optional DeviceControl (kernels/device_control.h). Because EnqueueStep reads everything that changes
+// from step to step (tokens, positions, block tables, slots) from the plan in device memory, a replay after
+// PrepareStep(chunks, Decode(b)) runs exactly the step an eager EnqueueStep would.
+//
+// Lifecycle of one bucket's graph (BucketState):
+//
+//   kNone ──CaptureAll: warm-up step (all padding, eager), capture, instantiate, upload──▶ kCaptured ◀──┐
+//     │                                                                                     │  │       │
+//     └─ the capture fails: CaptureAll returns the error naming    InvalidateAll: the model │  └───────┘
+//        the bucket (start-up fails; health never SERVING)         re-planned its memory    │  RunDecode: plan in,
+//                                                                  (AllocateCache); the     │  launch, logits out
+//                                                                  executable is freed      ▼  (replays++)
+//   kInvalid ──CaptureAll again──▶ kCaptured     (meanwhile the bucket's steps run their padded plan eagerly)
+//
+// A step run with eager = true (one the phase timer measures) also runs the padded plan eagerly: every rank of a
+// tensor-parallel group pads the same steps to the same shape, so their collectives pair up whether a rank
+// replays a graph or not. Buckets come from GraphBuckets (worker/options.h) and, in a group, from the leader.
+//
+// Threading: the engine thread (the one that owns the backend's stream), like the model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/device_control.h"
+#include "model/dsv4/model.h"
+#include "worker/model_executor.h"
+
+namespace dsv4::worker {
+
+class GraphRunner {
+ public:
+  enum class BucketState { kNone, kCaptured, kInvalid };
+
+  // `model` and `device` must outlive the runner. device == null (a backend without graphs): nothing is captured
+  // and every decode step of a bucket runs its padded plan eagerly. `buckets`: ascending, each in
+  // [1, model.max_step_seqs()] (checked by CaptureAll).
+  GraphRunner(model::Dsv4Model& model, kernels::DeviceControl* device, std::vector<int> buckets);
+  ~GraphRunner();
+
+  // Captures every bucket not captured yet, smallest first: an eager all-padding warm-up step of its shape (it
+  // touches no sequence), then the capture of EnqueueStep. The model's phase hook is detached meanwhile. Logs one
+  // line per bucket.
+  absl::StatusOr<GraphCaptureReport> CaptureAll();
+  // Frees every graph (kCaptured -> kInvalid); call when the model's memory is re-planned.
+  void InvalidateAll();
+
+  // The bucket a decode-only step of n sequences pads to (the smallest >= n); 0 when n is above every bucket.
+  int BucketFor(int64_t n) const;
+  // One decode-only step (every chunk one token; chunks.size() <= the largest bucket): the plan padded to its
+  // bucket, then the bucket's graph replayed - or the same padded plan enqueued eagerly when `eager` or the graph
+  // is not captured - and chunks.size() logit rows copied to `logits`.
+  absl::Status RunDecode(std::span<const model::SeqChunk> chunks, float* logits, bool eager);
+
+  const std::vector<int>& buckets() const { return buckets_; }
+  BucketState state(int bucket) const;
+  int64_t replays(int bucket) const;       // graph launches of the bucket so far
+  int64_t eager_steps(int bucket) const;   // steps of the bucket run eagerly so far
+
+ private:
+  struct Slot;
+  Slot* Find(int bucket) const;
+
+  model::Dsv4Model& model_;
+  kernels::DeviceControl* device_;
+  std::vector<int> buckets_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // one per bucket, same order
+};
+
+}  // namespace dsv4::worker
