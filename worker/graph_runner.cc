@@ -27,7 +27,16 @@ GraphRunner::GraphRunner(model::Dsv4Model& model, kernels::DeviceControl* device
   }
 }
 
-GraphRunner::~GraphRunner() = default;
+GraphRunner::~GraphRunner() {
+  // One line at exit: how the decode steps ran (tests and operators read it to see the graphs were used).
+  std::string line;
+  for (const auto& s : slots_) {
+    if (s->replays + s->eager == 0) continue;
+    absl::StrAppend(&line, line.empty() ? "" : ", ", "bucket ", s->bucket, ": ", s->replays, " replays ", s->eager,
+                    " eager");
+  }
+  if (!line.empty()) DSV4_LOG_INFO("cuda graphs at exit: {}", line);
+}
 
 GraphRunner::Slot* GraphRunner::Find(int bucket) const {
   for (const auto& s : slots_) {
@@ -130,7 +139,9 @@ absl::Status GraphRunner::RunDecode(std::span<const model::SeqChunk> chunks, flo
                                                    "graph bucket ", buckets_.empty() ? 0 : buckets_.back()));
   }
   const model::StepShape shape = model::StepShape::Decode(bucket);
+  const absl::Time t0 = absl::Now();
   DSV4_RETURN_IF_ERROR(model_.PrepareStep(chunks, shape));
+  const absl::Time t1 = absl::Now();
   if (!eager && slot->state == BucketState::kCaptured) {
     DSV4_RETURN_IF_ERROR(device_->Launch(*slot->graph));
     ++slot->replays;
@@ -138,7 +149,11 @@ absl::Status GraphRunner::RunDecode(std::span<const model::SeqChunk> chunks, flo
     DSV4_RETURN_IF_ERROR(model_.EnqueueStep(shape));
     ++slot->eager;
   }
-  return model_.FinishStep(logits, static_cast<int64_t>(chunks.size()));
+  const absl::Time t2 = absl::Now();
+  const absl::Status finished = model_.FinishStep(logits, static_cast<int64_t>(chunks.size()));
+  last_ = {.prepare_s = absl::ToDoubleSeconds(t1 - t0), .launch_s = absl::ToDoubleSeconds(t2 - t1),
+           .finish_s = absl::ToDoubleSeconds(absl::Now() - t2)};
+  return finished;
 }
 
 }  // namespace dsv4::worker

@@ -46,7 +46,7 @@ class GraphRunner {
   // and every decode step of a bucket runs its padded plan eagerly. `buckets`: ascending, each in
   // [1, model.max_step_seqs()] (checked by CaptureAll).
   GraphRunner(model::Dsv4Model& model, kernels::DeviceControl* device, std::vector<int> buckets);
-  ~GraphRunner();
+  ~GraphRunner();  // logs "cuda graphs at exit: bucket b: R replays E eager, ..."
 
   // Captures every bucket not captured yet, smallest first: an eager all-padding warm-up step of its shape (it
   // touches no sequence), then the capture of EnqueueStep. The model's phase hook is detached meanwhile. Logs one
@@ -62,6 +62,13 @@ class GraphRunner {
   // is not captured - and chunks.size() logit rows copied to `logits`.
   absl::Status RunDecode(std::span<const model::SeqChunk> chunks, float* logits, bool eager);
 
+  // Host wall time of the last RunDecode: packing + plan copy enqueue, graph launch (or eager enqueue), and the
+  // logits copy with the wait for the device (which holds the GPU time of the step).
+  struct StepTimes {
+    double prepare_s = 0, launch_s = 0, finish_s = 0;
+  };
+  const StepTimes& last_step_times() const { return last_; }
+
   const std::vector<int>& buckets() const { return buckets_; }
   BucketState state(int bucket) const;
   int64_t replays(int bucket) const;       // graph launches of the bucket so far
@@ -75,6 +82,7 @@ class GraphRunner {
   kernels::DeviceControl* device_;
   std::vector<int> buckets_;
   std::vector<std::unique_ptr<Slot>> slots_;  // one per bucket, same order
+  StepTimes last_;
 };
 
 }  // namespace dsv4::worker

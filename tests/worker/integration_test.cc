@@ -20,18 +20,13 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/worker/process_util.h"
+#include "tests/worker/worker_client.h"
 
 namespace dsv4::worker::testing {
 namespace {
 
 using dsv4::v1::GenerateRequest;
 using dsv4::v1::GenerateResponse;
-
-struct Stream {
-  std::vector<int32_t> tokens;
-  GenerateResponse last;
-  grpc::Status status;
-};
 
 class WorkerProcessTest : public ::testing::Test {
  protected:
@@ -66,82 +61,9 @@ class WorkerProcessTest : public ::testing::Test {
 #endif
   }
 
-  static GenerateRequest Request(std::vector<int32_t> prompt, int max_new, float temperature = 0, uint64_t seed = 0) {
-    GenerateRequest r;
-    for (int32_t t : prompt) r.add_prompt_token_ids(t);
-    r.mutable_sampling()->set_max_new_tokens(max_new);
-    r.mutable_sampling()->set_ignore_eos(true);  // dsv4-generate does not stop at eos either
-    if (temperature > 0) {
-      r.mutable_sampling()->set_temperature(temperature);
-      r.mutable_sampling()->set_top_p(0.95f);
-      r.mutable_sampling()->set_seed(seed);
-    }
-    return r;
-  }
-
-  static Stream Generate(dsv4::v1::Worker::Stub* stub, const GenerateRequest& r) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(300));
-    auto reader = stub->Generate(&ctx, r);
-    Stream s;
-    GenerateResponse msg;
-    while (reader->Read(&msg)) {
-      for (int32_t t : msg.token_ids()) s.tokens.push_back(t);
-      s.last = msg;
-    }
-    s.status = reader->Finish();
-    return s;
-  }
-
-  static std::vector<Stream> GenerateAll(dsv4::v1::Worker::Stub* stub, const std::vector<GenerateRequest>& reqs) {
-    std::vector<Stream> out(reqs.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { out[i] = Generate(stub, reqs[i]); });
-    for (auto& t : threads) t.join();
-    return out;
-  }
-
-  // dsv4-generate's greedy tokens: the reference.
+  // dsv4-generate's greedy tokens (CPU backend): the reference.
   static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) {
-    auto out = RunAndCapture({BinaryPath("tools/generate/dsv4-generate"), "--checkpoint", *checkpoint_,
-                              "--prompt-ids", absl::StrJoin(prompt, ","), "--max-new-tokens",
-                              std::to_string(max_new)},
-                             300);
-    EXPECT_TRUE(out.ok()) << out.status();
-    std::vector<int32_t> tokens;
-    for (absl::string_view line : absl::StrSplit(out.value_or(""), '\n')) {
-      if (!absl::ConsumePrefix(&line, "generated: ")) continue;
-      for (absl::string_view t : absl::StrSplit(line, ',', absl::SkipEmpty())) {
-        int32_t v = 0;
-        EXPECT_TRUE(absl::SimpleAtoi(t, &v)) << t;
-        tokens.push_back(v);
-      }
-    }
-    return tokens;
-  }
-
-  static std::vector<int32_t> Prompt(int n, int salt) {
-    std::vector<int32_t> p(n);
-    for (int i = 0; i < n; ++i) p[i] = 2 + (i * 131 + salt * 977 + (i * i) % 13) % 4000;
-    return p;
-  }
-
-  static int64_t PagesUsed(dsv4::v1::Worker::Stub* stub) {
-    grpc::ClientContext ctx;
-    dsv4::v1::GetLoadResponse load;
-    EXPECT_TRUE(stub->GetLoad(&ctx, {}, &load).ok());
-    int64_t used = 0;
-    for (const auto& p : load.kv_pools()) used += p.pages_used();
-    return used;
-  }
-
-  static bool WaitPagesFree(dsv4::v1::Worker::Stub* stub) {
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    while (PagesUsed(stub) != 0) {
-      if (absl::Now() > deadline) return false;
-      absl::SleepFor(absl::Milliseconds(20));
-    }
-    return true;
+    return ReferenceTokens(*checkpoint_, prompt, max_new);
   }
 
   static std::string* dir_;
