@@ -2,7 +2,8 @@
 # The README's main command: the whole service on this machine, measured.
 #   1. installs missing Debian packages and builds the four programs it needs (into build/, like test.sh);
 #   2. writes the tiny checkpoint (configs/tiny.json, seed 1);
-#   3. starts two CPU worker groups and the coordinator on loopback ports;
+#   3. starts two worker groups (on the GPU when nvidia-smi lists one, else the CPU; BACKEND=cpu|cuda forces it)
+#      and the coordinator on loopback ports;
 #   4. runs dsv4-bench against the coordinator: a short concurrency sweep of random prompts;
 #   5. prints the results table (and JSON), a few coordinator metrics, and stops every process it started.
 #
@@ -22,6 +23,16 @@ OUTPUT_LEN=${OUTPUT_LEN:-32}
 RANGE_RATIO=${RANGE_RATIO:-0.5}
 WORKER_THREADS=${WORKER_THREADS:-1}  # per worker; the two groups share the machine's cores
 STARTUP_TIMEOUT=${STARTUP_TIMEOUT:-300}
+BACKEND=${BACKEND:-auto}
+if [ "$BACKEND" = auto ]; then
+  if command -v nvidia-smi > /dev/null && nvidia-smi -L 2> /dev/null | grep -q '^GPU'; then BACKEND=cuda; else BACKEND=cpu; fi
+fi
+case "$BACKEND" in
+  # Both groups share device 0: each takes a third of its memory (weights, workspace, graphs and KV pools).
+  cuda) BACKEND_FLAGS=(--backend cuda --device 0 --gpu-memory-fraction 0.33) ;;
+  cpu) BACKEND_FLAGS=(--backend cpu --threads "$WORKER_THREADS") ;;
+  *) echo "run-main: BACKEND must be auto, cpu or cuda, got '$BACKEND'" >&2; exit 2 ;;
+esac
 
 if [ -z "${SKIP_BUILD:-}" ]; then
   bash scripts/install-deps.sh
@@ -74,7 +85,7 @@ wait_ready() {
 }
 field() { tr ' ' '\n' < "$1" | sed -n "s/^$2=//p"; }
 
-echo "run-main: run folder $RUN"
+echo "run-main: run folder $RUN; workers on the $BACKEND backend"
 t0=$(date +%s%N)
 "$BIN/tools/make_checkpoint/dsv4-make-checkpoint" --config configs/tiny.json --seed 1 --out "$RUN/ckpt" \
   > "$RUN/make_checkpoint.log" 2>&1 || { tail -n 20 "$RUN/make_checkpoint.log" >&2; exit 1; }
@@ -82,8 +93,8 @@ echo "run-main: tiny checkpoint written ($(du -sh "$RUN/ckpt" | cut -f1))"
 
 WORKERS=()
 for g in 0 1; do
-  "$BIN/worker/dsv4-worker" --checkpoint "$RUN/ckpt" --listen 127.0.0.1:0 --backend cpu --max-batch 32 \
-    --max-context 4096 --kv-pages 512 --prefill-chunk 256 --mode exact --threads "$WORKER_THREADS" \
+  "$BIN/worker/dsv4-worker" --checkpoint "$RUN/ckpt" --listen 127.0.0.1:0 "${BACKEND_FLAGS[@]}" --max-batch 32 \
+    --max-context 4096 --kv-pages 512 --prefill-chunk 256 --mode exact \
     --group "$g" --rank 0 --world 1 --metrics-listen 127.0.0.1:0 --ready-file "$RUN/worker$g.ready" \
     --drain-timeout 30 > "$RUN/worker$g.log" 2>&1 &
   PIDS+=($!)
@@ -91,7 +102,8 @@ done
 for g in 0 1; do
   wait_ready "$RUN/worker$g.ready" "${PIDS[$g]}" "worker$g"
   WORKERS+=("$(field "$RUN/worker$g.ready" grpc)")
-  echo "run-main: worker group $g serving on ${WORKERS[$g]} (metrics $(field "$RUN/worker$g.ready" metrics))"
+  echo "run-main: worker group $g serving on ${WORKERS[$g]} with the $BACKEND backend" \
+    "(metrics $(field "$RUN/worker$g.ready" metrics))"
 done
 
 "$BIN/coordinator/dsv4-coordinator" --listen 127.0.0.1:0 --workers "$(IFS=,; echo "${WORKERS[*]}")" \
