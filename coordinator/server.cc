@@ -89,9 +89,12 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
     absl::StatusOr<BearerTokens> tokens = BearerTokens::Load("--auth-token-file", options.auth_token_file);
     if (!tokens.ok()) return tokens.status();
     s->tokens_ = *std::move(tokens);
-    DSV4_LOG_INFO("coordinator API: bearer tokens required on Generate and GetModelInfo ({} tokens from {}){}",
-                  s->tokens_->size(), options.auth_token_file,
-                  options.tls.enabled() ? "" : "; WARNING: without TLS the tokens cross the network readable");
+    DSV4_LOG_INFO("coordinator API: bearer tokens required on Generate and GetModelInfo ({} tokens from {})",
+                  s->tokens_->size(), options.auth_token_file);
+    if (!options.tls.enabled()) {
+      DSV4_LOG_WARN("coordinator API: bearer tokens on a plaintext port cross the network readable (set --tls-cert "
+                    "and --tls-key unless TLS ends in front of this process)");
+    }
   } else {
     DSV4_LOG_INFO("coordinator API: no authentication (set --auth-token-file to require bearer tokens)");
   }
