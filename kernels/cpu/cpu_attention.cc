@@ -1,187 +1,144 @@
-// CPU backend, attention side: KV row storage (fp32 or the 584-byte FP8 record), the softmax-pooling
-// compressor, the lightning indexer's top-k, sparse attention with the per-head sink, and the
-// production-mode quantisation simulations (FP8 KV, Hadamard + FP4 indexer).
+// CPU backend, the attention side of a step (dsv4-decode.md §2.3): the lightning indexer's top-k over each
+// token's visible indexer rows, and sparse attention with the per-head sink over each token's window keys
+// (ring rows before the step, staging rows of the step) and compressed keys (all rows, or the indexer's).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
-#include <cstring>
 #include <numeric>
 
-#include "common/float_formats.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/sparse_mla/kv_row_format.h"
+#include "kernels/cpu/cpu_rows.h"
 
 namespace dsv4::kernels::cpu {
-namespace {
-
-constexpr int kTile = 64;
-
-// Scale of one quantisation block as DeepSeek's act_quant picks it: 2^ceil(log2(amax / qmax)), amax >= 1e-4.
-uint8_t BlockScale(const float* x, int n, float qmax) {
-  float amax = 1e-4f;
-  for (int i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
-  return Ue8m0CeilFromF32(amax / qmax);
-}
-
-}  // namespace
-
-// The 584-byte record is kernels/sparse_mla's definition (kv_row_format.h), so the CPU production path and the
-// GPU kernel share one encoding.
-int64_t KvPageBytes(KvFormat format, int dim, int page_rows) {
-  if (format == KvFormat::kF32) return int64_t{page_rows} * dim * 4;
-  return sparse_mla::KvPageStrideBytes(page_rows);
-}
-
-void ReadKvRow(const KvCacheView& c, int32_t row, float* out) {
-  const int64_t page = row / c.page_rows, r = row % c.page_rows;
-  const uint8_t* p = c.base + page * c.page_bytes;
-  if (c.format == KvFormat::kF32) {
-    std::memcpy(out, p + r * c.dim * 4, c.dim * 4);
-    return;
-  }
-  sparse_mla::DecodeKvRow(p + r * sparse_mla::kRowDataBytes,
-                          p + int64_t{c.page_rows} * sparse_mla::kRowDataBytes + r * sparse_mla::kRowScaleBytes,
-                          std::span<float, sparse_mla::kKvDim>(out, sparse_mla::kKvDim));
-}
-
-void WriteKvRow(const KvCacheView& c, int32_t row, const float* in) {
-  const int64_t page = row / c.page_rows, r = row % c.page_rows;
-  uint8_t* p = c.base + page * c.page_bytes;
-  if (c.format == KvFormat::kF32) {
-    std::memcpy(p + r * c.dim * 4, in, c.dim * 4);
-    return;
-  }
-  sparse_mla::EncodeKvRow(std::span<const float, sparse_mla::kKvDim>(in, sparse_mla::kKvDim),
-                          p + r * sparse_mla::kRowDataBytes,
-                          p + int64_t{c.page_rows} * sparse_mla::kRowDataBytes + r * sparse_mla::kRowScaleBytes);
-}
-
-void CpuOps::KvWrite(const KvWriteArgs& a) {
-  for (int64_t t = 0; t < a.t; ++t) WriteKvRow(a.cache, a.row_ids[t], a.rows + t * a.cache.dim);
-}
-
-void CpuOps::Compressor(const CompressorArgs& a) {
-  const int c = a.ratio == 4 ? 2 : 1;
-  const int64_t cd = int64_t{c} * a.d;
-  const int phase = a.pos % a.ratio;
-  const int slot = a.ratio == 4 ? 4 + phase : phase;
-  for (int64_t j = 0; j < cd; ++j) {
-    a.state_kv[slot * cd + j] = a.kv[j];
-    a.state_score[slot * cd + j] = a.gate[j] + a.ape[phase * cd + j];
-  }
-  *a.emitted = (a.pos + 1) % a.ratio == 0 ? 1 : 0;
-  if (!*a.emitted) return;
-  // Per-dimension softmax pooling. Ratio 4 pools 8 candidates: columns [0,d) of the previous window's slots
-  // 0..3 (its "Ca" half) and columns [d,2d) of this window's slots 4..7 ("Cb").
-  const int rows = a.ratio == 4 ? 8 : a.ratio;
-  for (int j = 0; j < a.d; ++j) {
-    auto col = [&](int t) { return a.ratio == 4 && t >= 4 ? a.d + j : j; };
-    float mx = -INFINITY;
-    for (int t = 0; t < rows; ++t) mx = std::max(mx, a.state_score[t * cd + col(t)]);
-    double num = 0, den = 0;
-    for (int t = 0; t < rows; ++t) {
-      const double e = std::exp(static_cast<double>(a.state_score[t * cd + col(t)]) - mx);
-      den += e;
-      num += e * a.state_kv[t * cd + col(t)];
-    }
-    a.pooled[j] = static_cast<float>(num / den);
-  }
-  if (a.ratio == 4) {  // this window becomes the previous one
-    std::memcpy(a.state_kv, a.state_kv + 4 * cd, 4 * cd * sizeof(float));
-    std::memcpy(a.state_score, a.state_score + 4 * cd, 4 * cd * sizeof(float));
-  }
-}
 
 void CpuOps::Indexer(const IndexerArgs& a) {
-  std::vector<float> krow(a.dim);
-  std::vector<int32_t> order;
-  for (int64_t b = 0; b < a.b; ++b) {
-    const int32_t n = a.count[b];
-    float* score = a.scratch + b * a.max_rows;
-    const float* q = a.q + b * a.heads * a.dim;
-    for (int32_t t = 0; t < n; ++t) {
-      ReadKvRow(a.cache, a.index_rows[b * a.max_rows + t], krow.data());
-      float s = 0;
-      for (int64_t h = 0; h < a.heads; ++h) s += a.w[b * a.heads + h] * std::max(0.f, Dot(q + h * a.dim, krow.data(), a.dim));
-      score[t] = s;
-    }
-    const int32_t k = static_cast<int32_t>(std::min<int64_t>(a.k, n));
-    order.resize(n);
-    std::iota(order.begin(), order.end(), 0);
-    // Ties at the k-th place are common (rows whose head products are all <= 0 score exactly 0): keep the
-    // lowest rows, as torch.topk on CUDA does for the goldens.
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t x, int32_t y) {
-      return score[x] != score[y] ? score[x] > score[y] : x < y;
-    });
-    std::sort(order.begin(), order.begin() + k);
-    for (int64_t i = 0; i < a.k; ++i) a.out_rows[b * a.k + i] = i < k ? a.target_rows[b * a.max_rows + order[i]] : -1;
-    a.out_count[b] = k;
+  if (a.cache.base == nullptr || a.cache.dim != a.dim || a.k < 0 || a.selected == nullptr ||
+      a.selected_count == nullptr) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("Indexer: cache dim ", a.cache.dim, " vs ID ", a.dim,
+                                                        ", Ksel ", a.k, ", outputs required")));
   }
+  Grow({.index_rows = a.max_rows, .row_dim = a.dim});
+  const StepIndex& st = a.step;
+  const int P = a.cache.page_rows;
+  std::atomic<bool> over{false};  // a token saw more rows than max_rows
+  pool_.ParallelFor(st.t, 1, [&](int64_t t0, int64_t t1, int thread) {
+    ThreadScratch& s = threads_[thread];
+    for (int64_t t = t0; t < t1; ++t) {
+      int32_t* sel = a.selected + t * a.k;
+      const int32_t p = st.pos[t];
+      int64_t n = p < 0 ? 0 : (int64_t{p} + 1) / 4;  // visible indexer rows, this step's emissions included
+      if (n > a.max_rows) {
+        over.store(true, std::memory_order_relaxed);
+        n = a.max_rows;
+      }
+      const int64_t b = p < 0 ? 0 : st.seq[t];
+      const float* q = a.q + t * a.heads * a.dim;
+      const float* w = a.w + t * a.heads;
+      float* score = s.scores.data();
+      for (int64_t i = 0; i < n; ++i) {
+        const float* krow = KvRowFloats(a.cache, PhysicalRow(a.index_tables, b, i, P), s.row.data());
+        float acc = 0;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          acc += (w[h] * a.weight_scale) * std::max(0.f, Dot(q + h * a.dim, krow, a.dim));
+        }
+        score[i] = acc;
+      }
+      const int64_t k = std::min<int64_t>(a.k, n);
+      int32_t* order = s.order.data();
+      std::iota(order, order + n, 0);
+      // Ties at the k-th place are common (rows whose head products are all <= 0 score exactly 0): keep the
+      // lowest rows, as torch.topk on CUDA does for the goldens.
+      std::partial_sort(order, order + k, order + n, [&](int32_t x, int32_t y) {
+        return score[x] != score[y] ? score[x] > score[y] : x < y;
+      });
+      std::sort(order, order + k);
+      for (int64_t i = 0; i < a.k; ++i) {
+        sel[i] = i < k ? static_cast<int32_t>(PhysicalRow(a.target_tables, b, order[i], P)) : -1;
+      }
+      a.selected_count[t] = static_cast<int32_t>(k);
+    }
+  });
+  if (over.load()) Fail(absl::OutOfRangeError(absl::StrCat("Indexer: a token sees more than max_rows = ", a.max_rows, " rows")));
 }
 
 void CpuOps::Attention(const AttentionArgs& a) {
-  std::vector<float> keys;
-  for (int64_t b = 0; b < a.b; ++b) {
-    const int32_t nw = a.window_count[b];
-    const int32_t nc = a.max_compressed > 0 ? a.compressed_count[b] : 0;
-    keys.resize(static_cast<size_t>(nw + nc) * a.dim);
-    for (int32_t j = 0; j < nw; ++j) ReadKvRow(a.window, a.window_rows[b * a.max_window + j], &keys[j * a.dim]);
-    for (int32_t j = 0; j < nc; ++j)
-      ReadKvRow(a.compressed, a.compressed_rows[b * a.max_compressed + j], &keys[(nw + j) * a.dim]);
-    const int32_t nk = nw + nc;
-    pool_.ParallelFor(a.heads, 1, [&](int64_t h0, int64_t h1) {
-      std::vector<float> s(nk);
-      std::vector<double> acc(a.dim);
-      for (int64_t h = h0; h < h1; ++h) {
-        const float* q = a.q + (b * a.heads + h) * a.dim;
-        float mx = a.sink[h];
-        for (int32_t j = 0; j < nk; ++j) {
-          s[j] = a.scale * Dot(q, &keys[j * a.dim], a.dim);
-          mx = std::max(mx, s[j]);
-        }
-        double den = std::exp(static_cast<double>(a.sink[h]) - mx);  // the sink: denominator only
-        std::fill(acc.begin(), acc.end(), 0.0);
-        for (int32_t j = 0; j < nk; ++j) {
-          const double e = std::exp(static_cast<double>(s[j]) - mx);
-          den += e;
-          const float* k = &keys[j * a.dim];
-          for (int64_t d = 0; d < a.dim; ++d) acc[d] += e * k[d];
-        }
-        float* o = a.out + (b * a.heads + h) * a.dim;
-        for (int64_t d = 0; d < a.dim; ++d) o[d] = static_cast<float>(acc[d] / den);
+  const bool compressed = a.compressed_ratio != 0;
+  if ((a.compressed_ratio != 0 && a.compressed_ratio != 4 && a.compressed_ratio != 128) || a.window.base == nullptr ||
+      a.window.dim != a.dim || (compressed && a.compressed.dim != a.dim) || a.window_size <= 0 ||
+      (a.compressed_ratio == 4 && (a.selected == nullptr || a.selected_count == nullptr))) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("Attention: ratio ", a.compressed_ratio, ", dims ", a.dim,
+                                                        "/", a.window.dim, "/", a.compressed.dim, ", W ",
+                                                        a.window_size, " do not fit")));
+  }
+  const int64_t max_c = compressed ? a.max_compressed : 0;
+  Grow({.key_slots = a.window_size + max_c, .head_dim = a.dim});
+  const StepIndex& st = a.step;
+  std::atomic<bool> over{false};  // a token had more compressed keys than max_compressed
+  // Items are (token, head) pairs; a thread's range is contiguous, so it gathers each token's key list once.
+  pool_.ParallelFor(st.t * a.heads, 1, [&](int64_t i0, int64_t i1, int thread) {
+    ThreadScratch& s = threads_[thread];
+    int64_t keys_of = -1;  // token whose keys s.key_ptr holds
+    int64_t nk = 0;
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t t = item / a.heads, h = item % a.heads;
+      float* o = a.out + (t * a.heads + h) * a.dim;
+      const int32_t p = st.pos[t];
+      if (p < 0) {
+        std::fill_n(o, a.dim, 0.f);
+        continue;
       }
-    });
-  }
-}
-
-void CpuOps::Fp8RoundTrip(float* x, int64_t rows, int64_t dim, int64_t dims) {
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t t0 = 0; t0 < dims; t0 += kTile) {
-      float* v = x + r * dim + t0;
-      const int n = static_cast<int>(std::min<int64_t>(kTile, dims - t0));
-      const float scale = Ue8m0ToF32(BlockScale(v, n, 448.f));
-      for (int i = 0; i < n; ++i) v[i] = E4m3ToF32(F32ToE4m3(v[i] / scale)) * scale;
-    }
-  }
-}
-
-void CpuOps::HadamardFp4RoundTrip(float* x, int64_t rows, int64_t dim) {
-  const float norm = 1.f / std::sqrt(static_cast<float>(dim));
-  for (int64_t r = 0; r < rows; ++r) {
-    float* v = x + r * dim;
-    for (int64_t h = 1; h < dim; h *= 2) {  // fast Walsh-Hadamard, Sylvester order
-      for (int64_t i = 0; i < dim; i += 2 * h) {
-        for (int64_t j = i; j < i + h; ++j) {
-          const float p = v[j], q = v[j + h];
-          v[j] = p + q;
-          v[j + h] = p - q;
+      if (keys_of != t) {
+        keys_of = t;
+        nk = 0;
+        const int64_t b = st.seq[t], first = st.seq_first[b];
+        const int32_t p0 = st.pos[first];  // the sequence's first position of this step
+        float* buf = s.keys.data();
+        auto add = [&](const KvCacheView& c, int64_t row) {
+          s.key_ptr[nk] = KvRowFloats(c, row, buf + nk * a.dim);
+          ++nk;
+        };
+        for (int32_t q = std::max(0, p - a.window_size + 1); q <= p; ++q) {
+          add(a.window, q < p0 ? PhysicalRow(a.window_tables, b, q % a.window_size, a.window.page_rows)
+                               : a.staging_row0 + first + (q - p0));
+        }
+        int64_t nc = 0;
+        if (a.compressed_ratio == 128) nc = (int64_t{p} + 1) / 128;
+        if (a.compressed_ratio == 4) nc = std::min<int64_t>(a.selected_count[t], a.ksel);
+        if (nc > max_c) {
+          over.store(true, std::memory_order_relaxed);
+          nc = max_c;
+        }
+        for (int64_t j = 0; j < nc; ++j) {
+          add(a.compressed, a.compressed_ratio == 128
+                                ? PhysicalRow(a.compressed_tables, b, j, a.compressed.page_rows)
+                                : int64_t{a.selected[t * a.ksel + j]});
         }
       }
+      // One softmax over window and compressed keys with the sink in the denominator; value = key.
+      const float* q = a.q + (t * a.heads + h) * a.dim;
+      float* sc = s.scores.data();
+      float mx = a.sink[h];
+      for (int64_t j = 0; j < nk; ++j) {
+        sc[j] = a.scale * Dot(q, s.key_ptr[j], a.dim);
+        mx = std::max(mx, sc[j]);
+      }
+      double den = std::exp(static_cast<double>(a.sink[h]) - mx);
+      double* acc = s.acc.data();
+      std::fill_n(acc, a.dim, 0.0);
+      for (int64_t j = 0; j < nk; ++j) {
+        const double e = std::exp(static_cast<double>(sc[j]) - mx);
+        den += e;
+        const float* k = s.key_ptr[j];
+        for (int64_t d = 0; d < a.dim; ++d) acc[d] += e * k[d];
+      }
+      for (int64_t d = 0; d < a.dim; ++d) o[d] = static_cast<float>(acc[d] / den);
     }
-    for (int64_t i = 0; i < dim; ++i) v[i] *= norm;
-    for (int64_t b0 = 0; b0 < dim; b0 += 32) {
-      const float scale = Ue8m0ToF32(BlockScale(v + b0, 32, 6.f));
-      for (int i = 0; i < 32; ++i) v[b0 + i] = E2m1ToF32(F32ToE2m1(v[b0 + i] / scale)) * scale;
-    }
+  });
+  if (over.load()) {
+    Fail(absl::OutOfRangeError(absl::StrCat("Attention: a token has more than max_compressed = ", a.max_compressed,
+                                            " compressed keys")));
   }
 }
 

@@ -1,156 +1,184 @@
-// CPU backend, dense ops: linear, RMSNorm, RoPE and the mHC pre / post / head mixes.
+// CPU backend, dense ops: scratch planning, embedding, the blocked linear (grouped, strided, fp32 or bf16
+// activations), RMSNorm, RoPE, scale, fill and the Hadamard + FP4 simulation.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_gemm.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_rows.h"
+#include "kernels/cpu/cpu_weights.h"
+#include "kernels/sparse_mla/kv_row_format.h"
 
 namespace dsv4::kernels::cpu {
+namespace {
 
-CpuOps::CpuOps(int num_threads) : pool_(num_threads) {}
+template <typename T>
+void GrowTo(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+template <typename T>
+int64_t Bytes(const std::vector<T>& v) {
+  return static_cast<int64_t>(v.capacity() * sizeof(T));
+}
 
-float Dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
+}  // namespace
+
+CpuOps::CpuOps(int num_threads) : pool_(num_threads), threads_(pool_.size()) {}
+
+void CpuOps::Fail(absl::Status s) {
+  if (error_.ok()) error_ = std::move(s);
+}
+
+absl::Status CpuOps::TakeError() {
+  absl::Status s = std::move(error_);
+  error_ = absl::OkStatus();
+  return s;
+}
+
+void CpuOps::Reserve(const StepLimits& l) {
+  const int64_t compressed = std::max(l.index_topk, l.max_context / 128 + 1);
+  Grow({.key_slots = l.window + compressed,
+        .index_rows = l.max_context / 4 + 1,
+        .head_dim = l.head_dim,
+        .row_dim = std::max({l.head_dim, l.index_dim, int64_t{sparse_mla::kKvDim}}),
+        .moe_tokens = l.max_tokens,
+        .experts = l.experts,
+        .topk = l.experts_per_token,
+        .hidden = l.hidden,
+        .inter = std::max(l.moe_inter, l.shared_inter)});
+}
+
+void CpuOps::Grow(const Sizes& s) {
+  Sizes& z = sizes_;
+  if (s.key_slots <= z.key_slots && s.index_rows <= z.index_rows && s.head_dim <= z.head_dim &&
+      s.row_dim <= z.row_dim && s.moe_tokens <= z.moe_tokens && s.experts <= z.experts && s.topk <= z.topk &&
+      s.hidden <= z.hidden && s.inter <= z.inter) {
+    return;  // the common case after Reserve: nothing to do, nothing allocated
   }
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
-  return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+  z = {.key_slots = std::max(z.key_slots, s.key_slots),
+       .index_rows = std::max(z.index_rows, s.index_rows),
+       .head_dim = std::max(z.head_dim, s.head_dim),
+       .row_dim = std::max(z.row_dim, s.row_dim),
+       .moe_tokens = std::max(z.moe_tokens, s.moe_tokens),
+       .experts = std::max(z.experts, s.experts),
+       .topk = std::max(z.topk, s.topk),
+       .hidden = std::max(z.hidden, s.hidden),
+       .inter = std::max(z.inter, s.inter)};
+  int64_t bytes = 0;
+  for (ThreadScratch& t : threads_) {
+    GrowTo(t.key_ptr, z.key_slots);
+    GrowTo(t.keys, z.key_slots * sparse_mla::kKvDim);
+    GrowTo(t.scores, std::max(z.key_slots, z.index_rows));
+    GrowTo(t.order, z.index_rows);
+    GrowTo(t.acc, z.head_dim);
+    GrowTo(t.row, z.row_dim);
+    bytes += Bytes(t.key_ptr) + Bytes(t.keys) + Bytes(t.scores) + Bytes(t.order) + Bytes(t.acc) + Bytes(t.row);
+  }
+  const int64_t tk = z.moe_tokens * z.topk;
+  MoeScratch& m = moe_;
+  GrowTo(m.logits, z.moe_tokens * z.experts);
+  GrowTo(m.weight, tk);
+  GrowTo(m.chosen, tk);
+  GrowTo(m.score, z.experts);
+  GrowTo(m.key, z.experts);
+  GrowTo(m.order, z.experts);
+  GrowTo(m.user_t, z.moe_tokens);
+  GrowTo(m.user_i, z.moe_tokens);
+  GrowTo(m.x, z.moe_tokens * z.hidden);
+  GrowTo(m.g, z.moe_tokens * z.inter);
+  GrowTo(m.h, z.moe_tokens * z.inter);
+  GrowTo(m.out, z.moe_tokens * z.hidden);
+  GrowTo(m.acc, z.moe_tokens * z.hidden);
+  for (const auto* v : {&m.logits, &m.weight, &m.score, &m.key, &m.x, &m.g, &m.h, &m.out, &m.acc}) bytes += Bytes(*v);
+  for (const auto* v : {&m.chosen, &m.order, &m.user_t, &m.user_i}) bytes += Bytes(*v);
+  scratch_bytes_ = bytes;
+}
+
+void CpuOps::Embed(const EmbedArgs& a) {
+  const auto* table = static_cast<const CpuLinearWeight*>(a.table);
+  if (table == nullptr || a.tokens == nullptr || a.pos == nullptr || a.x == nullptr) {
+    return Fail(absl::InvalidArgumentError("Embed: table, tokens, pos and x are required"));
+  }
+  const int64_t d = table->k(), v = table->n();
+  for (int64_t t = 0; t < a.t; ++t) {
+    const int32_t tok = a.tokens[t];
+    const bool real = a.pos[t] >= 0;
+    if (real && (tok < 0 || tok >= v)) Fail(absl::OutOfRangeError(absl::StrCat("Embed: token ", tok, " out of [0, ", v, ")")));
+    const bool ok = real && tok >= 0 && tok < v;
+    for (int64_t s = 0; s < a.s; ++s) {
+      float* x = a.x + (t * a.s + s) * d;
+      if (ok) {
+        std::memcpy(x, table->data() + int64_t{tok} * d, static_cast<size_t>(d) * 4);
+      } else {
+        std::fill_n(x, d, 0.f);
+      }
+    }
+  }
+}
+
+void CpuOps::GemmF32(const float* x, int64_t xs, const float* w, int64_t n, int64_t k, float* y, int64_t ys,
+                     int64_t t, int groups) {
+  // Split over output features: each thread streams its slice of W once per block of rows, for all T rows.
+  pool_.ParallelFor(n * groups, 32, [&](int64_t m0, int64_t m1, int) {
+    for (int64_t g = m0 / n; g * n < m1; ++g) {
+      const int64_t lo = std::max(m0, g * n) - g * n, hi = std::min(m1, (g + 1) * n) - g * n;
+      GemmRange(x + g * k, xs, w + g * n * k, k, y + g * n + lo, ys, t, lo, hi);
+    }
+  });
 }
 
 void CpuOps::Linear(const LinearArgs& a) {
-  const int64_t xs = a.x_stride ? a.x_stride : a.k;
-  const int64_t ys = a.y_stride ? a.y_stride : a.n;
-  // Split over output rows so each thread streams its slice of W once for all T tokens.
-  pool_.ParallelFor(a.n, 16, [&](int64_t n0, int64_t n1) {
-    for (int64_t n = n0; n < n1; ++n) {
-      const float* w = a.w + n * a.k;
-      for (int64_t t = 0; t < a.t; ++t) a.y[t * ys + n] = Dot(a.x + t * xs, w, a.k);
+  const auto* w = static_cast<const CpuLinearWeight*>(a.w);
+  if (w == nullptr || a.x.data == nullptr || a.y == nullptr || a.groups < 1 || w->n() % a.groups != 0) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("Linear: needs w, x, y and groups >= 1 dividing N (groups ", a.groups, ")")));
+  }
+  if (a.t <= 0) return;
+  const int64_t n = w->n() / a.groups, k = w->k();
+  const int64_t xs = a.x_stride ? a.x_stride : a.groups * k;
+  const int64_t ys = a.y_stride ? a.y_stride : a.groups * n;
+  if (a.x.dtype == DType::kF32) {
+    return GemmF32(static_cast<const float*>(a.x.data), xs, w->data(), n, k, a.y, ys, a.t, a.groups);
+  }
+  // bf16 activations (not produced by the CPU forward; kept so any Ops caller works): one Dot per element.
+  const auto* xb = static_cast<const uint16_t*>(a.x.data);
+  pool_.ParallelFor(n * a.groups, 32, [&](int64_t m0, int64_t m1, int) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const int64_t g = m / n;
+      for (int64_t t = 0; t < a.t; ++t) a.y[t * ys + m] = DotBf16(xb + t * xs + g * k, w->data() + m * k, k);
     }
   });
 }
 
 void CpuOps::RmsNorm(const RmsNormArgs& a) {
-  for (int64_t r = 0; r < a.rows; ++r) {
-    const float* x = a.x + r * a.dim;
-    float* o = a.out + r * a.dim;
-    double ss = 0;
-    for (int64_t i = 0; i < a.dim; ++i) ss += static_cast<double>(x[i]) * x[i];
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(a.dim) + a.eps));
-    for (int64_t i = 0; i < a.dim; ++i) o[i] = a.w ? (x[i] * inv) * a.w[i] : x[i] * inv;
-  }
+  pool_.ParallelFor(a.rows, 64, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) RmsNormRow(a.x + r * a.dim, a.w, a.out + r * a.dim, a.dim, a.eps);
+  });
 }
 
 void CpuOps::Rope(const RopeArgs& a) {
   for (int64_t t = 0; t < a.t; ++t) {
-    const float pos = static_cast<float>(a.pos[t]);
-    for (int i = 0; i < a.pairs; ++i) {
-      // Angle in fp32 as transformers forms it (pos * inv_freq), then cos/sin in double.
-      const float angle = pos * a.inv_freq[i];
-      const float c = static_cast<float>(std::cos(static_cast<double>(angle)));
-      const float s = static_cast<float>(std::sin(static_cast<double>(angle))) * (a.inverse ? -1.f : 1.f);
-      for (int64_t h = 0; h < a.heads; ++h) {
-        float* x = a.x + (t * a.heads + h) * a.row_dim + (a.row_dim - 2 * a.pairs) + 2 * i;
-        const float x0 = x[0], x1 = x[1];
-        x[0] = x0 * c - x1 * s;
-        x[1] = x0 * s + x1 * c;
-      }
-    }
+    if (a.pos[t] < 0) continue;  // padding
+    RopeToken(a.x + t * a.heads * a.row_dim, a.pos[t], a.inv_freq, a.heads, a.row_dim, a.pairs, a.inverse);
   }
 }
 
-namespace {
-
-float Sigmoid(float v) { return 1.f / (1.f + std::exp(-v)); }
-
-// m = fn . (x / rms(x)) for the flattened streams of one token.
-void HcMix(const float* x, const float* fn, int64_t rows, int64_t width, float eps, float* m) {
-  double ss = 0;
-  for (int64_t i = 0; i < width; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float rho = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(width) + eps));
-  for (int64_t r = 0; r < rows; ++r) m[r] = Dot(fn + r * width, x, width) * rho;
+void CpuOps::Scale(const ScaleArgs& a) {
+  const int64_t n = a.rows * a.dim;
+  for (int64_t i = 0; i < n; ++i) a.x[i] *= a.scale;
 }
 
-}  // namespace
+void CpuOps::Fill(const FillArgs& a) { std::fill_n(a.x, std::max<int64_t>(0, a.n), a.value); }
 
-void CpuOps::HcPre(const HcPreArgs& a) {
-  const int64_t s = a.s, width = a.s * a.d, mixes = (2 + a.s) * a.s;
-  std::vector<float> m(mixes), pre(s), c(s * s);
-  for (int64_t t = 0; t < a.t; ++t) {
-    const float* x = a.x + t * width;
-    HcMix(x, a.fn, mixes, width, a.norm_eps, m.data());
-    for (int64_t i = 0; i < s; ++i) {
-      pre[i] = Sigmoid(a.scale[0] * m[i] + a.base[i]) + a.hc_eps;
-      a.post[t * s + i] = 2.f * Sigmoid(a.scale[1] * m[s + i] + a.base[s + i]);
-    }
-    // Sinkhorn: row softmax (+eps), one column normalisation, then (iters - 1) x (row, column).
-    for (int64_t i = 0; i < s; ++i) {
-      float mx = -INFINITY;
-      for (int64_t j = 0; j < s; ++j) {
-        c[i * s + j] = a.scale[2] * m[2 * s + i * s + j] + a.base[2 * s + i * s + j];
-        mx = std::max(mx, c[i * s + j]);
-      }
-      float sum = 0;
-      for (int64_t j = 0; j < s; ++j) sum += (c[i * s + j] = std::exp(c[i * s + j] - mx));
-      for (int64_t j = 0; j < s; ++j) c[i * s + j] = c[i * s + j] / sum + a.hc_eps;
-    }
-    auto normalise_columns = [&] {
-      for (int64_t j = 0; j < s; ++j) {
-        float sum = 0;
-        for (int64_t i = 0; i < s; ++i) sum += c[i * s + j];
-        for (int64_t i = 0; i < s; ++i) c[i * s + j] /= (sum + a.hc_eps);
-      }
-    };
-    normalise_columns();
-    for (int it = 1; it < a.sinkhorn_iters; ++it) {
-      for (int64_t i = 0; i < s; ++i) {
-        float sum = 0;
-        for (int64_t j = 0; j < s; ++j) sum += c[i * s + j];
-        for (int64_t j = 0; j < s; ++j) c[i * s + j] /= (sum + a.hc_eps);
-      }
-      normalise_columns();
-    }
-    std::copy(c.begin(), c.end(), a.comb + t * s * s);
-    float* u = a.u + t * a.d;
-    for (int64_t k = 0; k < a.d; ++k) {
-      float acc = 0;
-      for (int64_t i = 0; i < s; ++i) acc += pre[i] * x[i * a.d + k];
-      u[k] = acc;
-    }
+void CpuOps::HadamardFp4(const HadamardFp4Args& a) {
+  if (a.dim < 32 || a.dim % 32 != 0 || (a.dim & (a.dim - 1)) != 0) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("HadamardFp4: dim ", a.dim, " must be a power of two >= 32")));
   }
-}
-
-void CpuOps::HcPost(const HcPostArgs& a) {
-  const int64_t s = a.s;
-  for (int64_t t = 0; t < a.t; ++t) {
-    const float* x = a.x + t * s * a.d;
-    const float* y = a.y + t * a.d;
-    const float* comb = a.comb + t * s * s;
-    for (int64_t j = 0; j < s; ++j) {
-      float* o = a.x_out + (t * s + j) * a.d;
-      const float pj = a.post[t * s + j];
-      for (int64_t k = 0; k < a.d; ++k) {
-        float acc = pj * y[k];
-        for (int64_t i = 0; i < s; ++i) acc += comb[i * s + j] * x[i * a.d + k];
-        o[k] = acc;
-      }
-    }
-  }
-}
-
-void CpuOps::HcHead(const HcHeadArgs& a) {
-  const int64_t s = a.s, width = a.s * a.d;
-  std::vector<float> m(s), pre(s);
-  for (int64_t t = 0; t < a.t; ++t) {
-    const float* x = a.x + t * width;
-    HcMix(x, a.fn, s, width, a.norm_eps, m.data());
-    for (int64_t i = 0; i < s; ++i) pre[i] = Sigmoid(a.scale[0] * m[i] + a.base[i]) + a.hc_eps;
-    for (int64_t k = 0; k < a.d; ++k) {
-      float acc = 0;
-      for (int64_t i = 0; i < s; ++i) acc += pre[i] * x[i * a.d + k];
-      a.h[t * a.d + k] = acc;
-    }
-  }
+  pool_.ParallelFor(a.rows, 64, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r) HadamardFp4Row(a.x + r * a.dim, a.dim);
+  });
 }
 
 }  // namespace dsv4::kernels::cpu

@@ -1,12 +1,14 @@
 // CPU backend, mixture of experts: sqrt-softplus router (hash or biased top-k selection), SwiGLU experts with
-// the clamp, shared expert. Tokens are grouped per expert so a prefill chunk streams each expert once; every
-// token's sum runs over its experts in ascending id, then the shared expert, whatever the batch.
+// the clamp, shared expert. Each expert runs one blocked GEMM over all the step's tokens routed to it. Every
+// token's routed sum runs over its experts in ascending id (experts are visited in that order and each adds
+// into the token's accumulator), then the shared expert's output is added - whatever the batch.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
-#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/cpu_weights.h"
 
 namespace dsv4::kernels::cpu {
 namespace {
@@ -25,68 +27,95 @@ void SwiGlu(float* g, const float* v, int64_t n, float limit) {
 }  // namespace
 
 void CpuOps::Moe(const MoeArgs& a) {
+  const auto* gate = static_cast<const CpuLinearWeight*>(a.gate);
+  const auto* ex = static_cast<const CpuExpertWeights*>(a.experts);
+  const auto* s1 = static_cast<const CpuLinearWeight*>(a.shared_w1);
+  const auto* s3 = static_cast<const CpuLinearWeight*>(a.shared_w3);
+  const auto* s2 = static_cast<const CpuLinearWeight*>(a.shared_w2);
+  if (gate == nullptr || ex == nullptr || s1 == nullptr || s3 == nullptr || s2 == nullptr) {
+    return Fail(absl::InvalidArgumentError("Moe: gate, experts and the shared expert's weights are required"));
+  }
+  const int64_t E = gate->n(), D = gate->k(), I = ex->inter(), Is = s1->n(), T = a.t;
   const int k = a.topk;
-  std::vector<int32_t> chosen(a.t * k);
-  std::vector<float> weight(a.t * k), logits(a.t * a.experts);
-  Linear({.x = a.x, .w = a.gate, .y = logits.data(), .t = a.t, .n = a.experts, .k = a.d});
-  std::vector<float> score(a.experts), key(a.experts);
-  std::vector<int32_t> order(a.experts);
-  for (int64_t t = 0; t < a.t; ++t) {
-    for (int64_t e = 0; e < a.experts; ++e) score[e] = std::sqrt(Softplus(logits[t * a.experts + e]));
-    int32_t* sel = &chosen[t * k];
-    if (a.tid2eid) {
-      std::copy(a.tid2eid + int64_t{a.tokens[t]} * k, a.tid2eid + int64_t{a.tokens[t]} * k + k, sel);
-    } else {  // the bias steers selection only
-      for (int64_t e = 0; e < a.experts; ++e) key[e] = score[e] + a.bias[e];
-      std::iota(order.begin(), order.end(), 0);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+  if (ex->experts() != E || ex->dim() != D || s1->k() != D || s3->n() != Is || s3->k() != D || s2->n() != D ||
+      s2->k() != Is || k < 1 || k > E || (a.tid2eid == nullptr && a.bias == nullptr)) {
+    return Fail(absl::InvalidArgumentError(absl::StrCat("Moe: shapes do not fit (gate [", E, ", ", D, "], experts ",
+                                                        ex->experts(), " x [", I, ", ", ex->dim(), "], shared [", Is,
+                                                        ", ", s1->k(), "], Ek ", k, ") or no routing given")));
+  }
+  if (T <= 0) return;
+  Grow({.moe_tokens = T, .experts = E, .topk = k, .hidden = D, .inter = std::max(I, Is)});
+  MoeScratch& m = moe_;
+  float* logits = m.logits.data();
+  GemmF32(a.x, D, gate->data(), E, D, logits, E, T, 1);
+  // Routing (fp32): the bias steers selection only; weights are normalised over the chosen experts.
+  for (int64_t t = 0; t < T; ++t) {
+    int32_t* sel = m.chosen.data() + t * k;
+    if (a.pos[t] < 0) {  // padding: routed nowhere
+      std::fill_n(sel, k, -1);
+      continue;
+    }
+    float* score = m.score.data();
+    for (int64_t e = 0; e < E; ++e) score[e] = std::sqrt(Softplus(logits[t * E + e]));
+    if (a.tid2eid != nullptr) {
+      std::copy_n(a.tid2eid + int64_t{a.tokens[t]} * k, k, sel);
+    } else {
+      float* key = m.key.data();
+      int32_t* order = m.order.data();
+      for (int64_t e = 0; e < E; ++e) key[e] = score[e] + a.bias[e];
+      std::iota(order, order + E, 0);
+      std::partial_sort(order, order + k, order + E,
                         [&](int32_t x, int32_t y) { return key[x] != key[y] ? key[x] > key[y] : x < y; });
-      std::copy(order.begin(), order.begin() + k, sel);
+      std::copy_n(order, k, sel);
     }
     float sum = 0;
     for (int i = 0; i < k; ++i) sum += score[sel[i]];
-    for (int i = 0; i < k; ++i) weight[t * k + i] = score[sel[i]] / (sum + 1e-20f) * a.routed_scale;
+    for (int i = 0; i < k; ++i) m.weight[t * k + i] = score[sel[i]] / (sum + 1e-20f) * a.routed_scale;
   }
-  // Per-token expert outputs, kept separately so the final sum has a fixed order.
-  moe_o_.assign(a.t * k * a.d, 0.f);
-  for (int64_t e = 0; e < a.experts; ++e) {
-    std::vector<std::pair<int64_t, int>> users;  // (token, slot)
-    for (int64_t t = 0; t < a.t; ++t)
-      for (int i = 0; i < k; ++i)
-        if (chosen[t * k + i] == e) users.push_back({t, i});
-    if (users.empty() || a.w1[e] == nullptr) continue;  // null: held by another rank (expert parallel)
-    const int64_t m = static_cast<int64_t>(users.size());
-    moe_x_.resize(m * a.d);
-    moe_g_.resize(m * a.inter);
-    moe_h_.resize(m * a.inter);
-    for (int64_t u = 0; u < m; ++u) std::copy_n(a.x + users[u].first * a.d, a.d, &moe_x_[u * a.d]);
-    Linear({.x = moe_x_.data(), .w = a.w1[e], .y = moe_g_.data(), .t = m, .n = a.inter, .k = a.d});
-    Linear({.x = moe_x_.data(), .w = a.w3[e], .y = moe_h_.data(), .t = m, .n = a.inter, .k = a.d});
-    SwiGlu(moe_g_.data(), moe_h_.data(), m * a.inter, a.swiglu_limit);
-    std::vector<float> out(m * a.d);
-    Linear({.x = moe_g_.data(), .w = a.w2[e], .y = out.data(), .t = m, .n = a.d, .k = a.inter});
-    for (int64_t u = 0; u < m; ++u) {
-      const auto [t, i] = users[u];
-      const float w = weight[t * k + i];
-      for (int64_t d = 0; d < a.d; ++d) moe_o_[(t * k + i) * a.d + d] = w * out[u * a.d + d];
+  // Routed experts in ascending id, each over its tokens (in chunks of at most T rows: a hash table may name
+  // one expert twice for a token).
+  float* acc = m.acc.data();
+  std::fill_n(acc, T * D, 0.f);
+  const int64_t chunk = sizes_.moe_tokens;
+  for (int64_t e = 0; e < E; ++e) {
+    if (!ex->Holds(e)) continue;  // another rank's expert (expert parallel)
+    int64_t u = 0;
+    auto run = [&] {
+      if (u == 0) return;
+      GemmF32(m.x.data(), D, ex->w1(e), I, D, m.g.data(), I, u, 1);
+      GemmF32(m.x.data(), D, ex->w3(e), I, D, m.h.data(), I, u, 1);
+      SwiGlu(m.g.data(), m.h.data(), u * I, a.swiglu_limit);
+      GemmF32(m.g.data(), I, ex->w2(e), D, I, m.out.data(), D, u, 1);
+      for (int64_t r = 0; r < u; ++r) {
+        const int64_t t = m.user_t[r];
+        const float w = m.weight[t * k + m.user_i[r]];
+        for (int64_t d = 0; d < D; ++d) acc[t * D + d] += w * m.out[r * D + d];
+      }
+      u = 0;
+    };
+    for (int64_t t = 0; t < T; ++t) {
+      for (int i = 0; i < k; ++i) {
+        if (m.chosen[t * k + i] != e) continue;
+        m.user_t[u] = static_cast<int32_t>(t);
+        m.user_i[u] = i;
+        std::copy_n(a.x + t * D, D, m.x.data() + u * D);
+        if (++u == chunk) run();
+      }
     }
+    run();
   }
-  // Shared expert over all tokens.
-  moe_g_.resize(a.t * a.shared_inter);
-  moe_h_.resize(a.t * a.shared_inter);
-  Linear({.x = a.x, .w = a.shared_w1, .y = moe_g_.data(), .t = a.t, .n = a.shared_inter, .k = a.d});
-  Linear({.x = a.x, .w = a.shared_w3, .y = moe_h_.data(), .t = a.t, .n = a.shared_inter, .k = a.d});
-  SwiGlu(moe_g_.data(), moe_h_.data(), a.t * a.shared_inter, a.swiglu_limit);
-  Linear({.x = moe_g_.data(), .w = a.shared_w2, .y = a.y, .t = a.t, .n = a.d, .k = a.shared_inter});
-  for (int64_t t = 0; t < a.t; ++t) {
-    std::vector<int> slots(k);
-    std::iota(slots.begin(), slots.end(), 0);
-    std::sort(slots.begin(), slots.end(), [&](int x, int y) { return chosen[t * k + x] < chosen[t * k + y]; });
-    for (int64_t d = 0; d < a.d; ++d) {
-      float acc = 0;
-      for (int i : slots) acc += moe_o_[(t * k + i) * a.d + d];
-      a.y[t * a.d + d] += acc;
+  // Shared expert over all tokens into y, then the routed sum.
+  GemmF32(a.x, D, s1->data(), Is, D, m.g.data(), Is, T, 1);
+  GemmF32(a.x, D, s3->data(), Is, D, m.h.data(), Is, T, 1);
+  SwiGlu(m.g.data(), m.h.data(), T * Is, a.swiglu_limit);
+  GemmF32(m.g.data(), Is, s2->data(), D, Is, a.y, D, T, 1);
+  for (int64_t t = 0; t < T; ++t) {
+    float* y = a.y + t * D;
+    if (a.pos[t] < 0) {
+      std::fill_n(y, D, 0.f);
+      continue;
     }
+    for (int64_t d = 0; d < D; ++d) y[d] += acc[t * D + d];
   }
 }
 

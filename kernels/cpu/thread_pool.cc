@@ -6,6 +6,7 @@
 namespace dsv4::kernels::cpu {
 
 ThreadPool::ThreadPool(int num_threads) {
+  workers_.reserve(std::max(1, num_threads));
   for (int i = 1; i < std::max(1, num_threads); ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
@@ -18,44 +19,50 @@ ThreadPool::~ThreadPool() {
   for (auto& w : workers_) w.join();
 }
 
-void ThreadPool::ParallelFor(int64_t n, int64_t min_per_thread,
-                             const std::function<void(int64_t, int64_t)>& fn) {
+void ThreadPool::Run(int64_t n, int64_t min_per_thread, Trampoline call, void* fn) {
   if (n <= 0) return;
-  const int64_t threads = std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_per_thread)));
+  const int64_t threads =
+      std::min<int64_t>(size(), std::max<int64_t>(1, n / std::max<int64_t>(1, min_per_thread)));
   if (threads <= 1) {
-    fn(0, n);
+    call(fn, 0, n, 0);
     return;
   }
-  std::vector<std::pair<int64_t, int64_t>> ranges(size(), {0, 0});
-  for (int64_t i = 0; i < threads; ++i) ranges[i] = {n * i / threads, n * (i + 1) / threads};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    ranges_ = ranges;
+    call_ = call;
+    fn_ = fn;
+    n_ = n;
+    threads_ = threads;
     pending_ = static_cast<int>(workers_.size());
     ++generation_;
   }
   cv_work_.notify_all();
-  fn(ranges[0].first, ranges[0].second);
+  call(fn, 0, n / threads, 0);
   std::unique_lock<std::mutex> lock(mu_);
   cv_done_.wait(lock, [this] { return pending_ == 0; });
-  job_ = nullptr;
+  call_ = nullptr;
+  fn_ = nullptr;
 }
 
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    std::pair<int64_t, int64_t> range;
+    Trampoline call;
+    void* fn;
+    int64_t begin = 0, end = 0;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_work_.wait(lock, [&] { return stop_ || generation_ != seen; });
       if (stop_) return;
       seen = generation_;
-      job = job_;
-      range = ranges_[index];
+      call = call_;
+      fn = fn_;
+      if (index < threads_) {
+        begin = n_ * index / threads_;
+        end = n_ * (index + 1) / threads_;
+      }
     }
-    if (range.second > range.first) (*job)(range.first, range.second);
+    if (end > begin) call(fn, begin, end, index);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (--pending_ == 0) cv_done_.notify_one();
