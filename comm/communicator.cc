@@ -54,12 +54,4 @@ absl::Status BroadcastBytes(Communicator& comm, std::string* bytes, int root, si
   return comm.Broadcast(bytes->data(), len, root);
 }
 
-absl::Status ValidateRankWorld(int rank, int world) {
-  if (world < 1) return absl::InvalidArgumentError(absl::StrCat("world must be >= 1, got ", world));
-  if (rank < 0 || rank >= world) {
-    return absl::InvalidArgumentError(absl::StrCat("rank must be in [0, ", world, "), got ", rank));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace dsv4::comm

@@ -25,6 +25,7 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "common/rank_world.h"
 
 namespace dsv4::comm {
 
@@ -78,6 +79,6 @@ class LocalCommunicator final : public Communicator {
 absl::Status BroadcastBytes(Communicator& comm, std::string* bytes, int root, size_t max_bytes = 64u << 20);
 
 // Checks (rank, world) for a communicator being created: InvalidArgument naming the bad value.
-absl::Status ValidateRankWorld(int rank, int world);
+using ::dsv4::ValidateRankWorld;  // common/rank_world.h
 
 }  // namespace dsv4::comm

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
-#include "common/request_validation.h"
+#include "proto/request_validation.h"
 
 namespace dsv4::coordinator {
 

@@ -7,7 +7,7 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
-#include "common/request_validation.h"
+#include "proto/request_validation.h"
 #include "common/status_macros.h"
 #include "metrics/phase_timer.h"
 #include "metrics/serving_metrics.h"

@@ -167,7 +167,9 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
     credited = upto;
   };
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
-                        LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .threads = o.threads,
+                        LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .backend = o.backend,
+                                          .device = o.device, .threads = o.threads,
+                                          .max_step_tokens = MaxStepTokens(o), .max_context = o.max_context,
                                           .phase_timer = phase_timer,
                                           .on_layer_loaded = on_layer,
                                           .tp_comm = group != nullptr ? &group->data() : nullptr}));

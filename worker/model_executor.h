@@ -13,27 +13,16 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "model/dsv4/step.h"
 
 namespace dsv4::worker {
 
-// The KV pools of dsv4-decode.md section 3.2, in dsv4::model::KvPool order.
-enum class Pool { kWindow = 0, kCompressed4 = 1, kCompressed128 = 2, kIndexer = 3 };
-inline constexpr int kNumPools = 4;
-inline constexpr std::array<const char*, kNumPools> kPoolNames = {"window", "compressed4", "compressed128",
-                                                                  "indexer"};
-
-// One sequence's pages: per pool the physical page ids in logical order, plus its compressor state slot.
-struct BlockTables {
-  std::array<std::vector<int32_t>, kNumPools> pages;
-  int32_t state_slot = -1;
-};
-
-// One sequence's tokens in a step, at positions start_pos .. start_pos + tokens.size() - 1.
-struct SeqChunk {
-  const BlockTables* tables = nullptr;
-  std::span<const int32_t> tokens;
-  int32_t start_pos = 0;
-};
+// The step types are the model's (model/dsv4/step.h): one definition for the planner and the forward.
+using Pool = model::KvPool;
+inline constexpr int kNumPools = model::kNumKvPools;
+inline constexpr const auto& kPoolNames = model::kKvPoolNames;
+using BlockTables = model::SeqBlockTables;
+using SeqChunk = model::SeqChunk;
 
 struct ModelInfo {
   std::string model_name;

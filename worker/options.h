@@ -40,6 +40,9 @@ struct WorkerOptions {
 // INVALID_ARGUMENT naming the flag and the allowed range; UNIMPLEMENTED for options this build cannot serve.
 absl::Status ValidateOptions(const WorkerOptions& options);
 
+// The largest step the engine runs: a full prefill chunk plus one decode token of every other running request.
+inline int64_t MaxStepTokens(const WorkerOptions& o) { return int64_t{o.prefill_chunk} + o.max_batch; }
+
 // "host:port" split; INVALID_ARGUMENT naming `flag` when malformed.
 absl::Status ParseHostPort(const std::string& flag, const std::string& value, std::string* host, int* port);
 

@@ -8,8 +8,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "comm/lockstep.h"
-#include "comm/shard.h"
+#include "worker/lockstep.h"
+#include "model/dsv4/shard.h"
+#include "worker/lockstep.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -63,16 +64,16 @@ absl::StatusOr<std::unique_ptr<comm::RendezvousLeader>> MakeRendezvousLeader(con
 
 void LogResident(const WorkerOptions& o) {
   DSV4_LOG_INFO("tensor parallel rank {} of {} loaded: resident {} MiB", o.rank, o.world,
-                comm::ResidentBytes() >> 20);
+                model::ResidentBytes() >> 20);
 }
 
 std::unique_ptr<ModelExecutor> WrapLeader(std::unique_ptr<ModelExecutor> local, comm::Group& group,
                                           const WorkerOptions& o, std::function<void(const absl::Status&)> on_failure) {
   // Heartbeats keep idle followers' receives inside their deadline and find a dead follower within one interval.
   const auto interval = std::min(std::chrono::milliseconds(1000), Ms(o.comm_timeout_s / 4));
-  return std::make_unique<comm::LockstepLeader>(
+  return std::make_unique<LockstepLeader>(
       std::move(local), group.control.get(),
-      comm::LockstepOptions{.heartbeat_interval = interval, .on_failure = std::move(on_failure)});
+      LockstepOptions{.heartbeat_interval = interval, .on_failure = std::move(on_failure)});
 }
 
 absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
@@ -99,13 +100,17 @@ absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
   Dsv4ExecutorOptions eo;
   eo.checkpoint = o.checkpoint;
   eo.mode = o.mode;
+  eo.backend = o.backend;
+  eo.device = o.device;
   eo.threads = o.threads;
+  eo.max_step_tokens = MaxStepTokens(o);
+  eo.max_context = o.max_context;
   eo.tp_comm = &group.data();
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> local, LoadDsv4Executor(eo));
   LogResident(o);
   server->GetHealthCheckService()->SetServingStatus(true);
   DSV4_RETURN_IF_ERROR(on_ready(port));
-  const absl::Status s = comm::RunFollower(*group.control, *local);
+  const absl::Status s = RunFollower(*group.control, *local);
   server->GetHealthCheckService()->SetServingStatus(false);
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (s.ok()) DSV4_LOG_INFO("rank {}: the leader shut the group down; exiting", o.rank);

@@ -1,82 +1,89 @@
-// Internals of Dsv4Model shared by the sublayer files: the model state (Impl) and one step's flattened batch.
-// The forward reads top to bottom as: embed -> per layer { attention sublayer (attention.cc, with the cache
-// updates of kv_update.cc), FFN sublayer (ffn.cc) } -> head (head.cc); model.cc validates and drives it.
+// Internals of Dsv4Model shared by the sublayer files: the model state (Impl), the step workspace planned at
+// AllocateCache, and what one sublayer call gets (StepContext). The forward reads top to bottom as:
+// embed -> per layer { attention sublayer (attention.cc), FFN sublayer (ffn.cc) } -> head (head.cc); model.cc
+// validates the step, packs its plan and drives it.
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "comm/shard.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "kernels/backend.h"
 #include "kernels/ops.h"
-#include "metrics/phase_timer.h"
 #include "model/dsv4/kv_cache.h"
 #include "model/dsv4/model.h"
 #include "model/dsv4/weights.h"
 
 namespace dsv4::model {
 
-// One step's tokens, flattened chunk-major. Token i belongs to chunk chunk_of[i] at absolute position pos[i].
-struct StepBatch {
-  std::vector<int32_t> tokens, pos, chunk_of;
-  std::vector<const SeqBlockTables*> tables;  // per chunk
-  int64_t size() const { return static_cast<int64_t>(tokens.size()); }
+// Every activation buffer of the largest step, in backend memory, allocated once: a step reuses the same
+// addresses (CUDA-graph capturable) and allocates nothing. Shapes at capacity (T = max_tokens rows).
+struct Workspace {
+  int64_t max_tokens = 0;  // T capacity
+  int64_t max_seqs = 0;    // B capacity
+  int64_t head_rows = 0;   // rows of logits computed per head pass
+  kernels::Buffer x[2];    // [T, S, D] residual streams (ping-pong: x_out of a sublayer becomes its next x)
+  kernels::Buffer a;       // [T, D] normed sublayer input
+  kernels::Buffer post, comb;       // [T, S], [T, S, S]
+  kernels::Buffer cq, q, kv;        // [T, q_lora], [T, H, Dh], [T, Dh]
+  kernels::Buffer comp_kv, comp_gate;  // [T, 2*Dh]
+  kernels::Buffer idx_q, idx_w, idx_kv, idx_gate;  // [T, IH, ID], [T, IH], [T, 2*ID] x2
+  kernels::Buffer selected, selected_count;        // int32 [T, Ksel], [T]
+  kernels::Buffer o, z, y;          // [T, H, Dh], [T, G*o_lora], [T, D]
+  kernels::Buffer h, logits, logits_full;  // [R, D], [R, V local], [R, V] (world > 1)
+  // The step's plan, packed as int32 in this order (offsets in PlanLayout), on the host and in backend memory.
+  kernels::Buffer plan_host, plan;
+};
+
+// Offsets (in int32s) of each array in the packed plan; pool tables are [B capacity, stride[pool]].
+struct PlanLayout {
+  int64_t tokens = 0, pos = 0, seq = 0, seq_first = 0, seq_len = 0, slot = 0, head_rows = 0;
+  std::array<int64_t, kNumKvPools> table{}, stride{};
+  int64_t total = 0;
+};
+
+// What a sublayer uses for one step.
+struct StepContext {
+  kernels::Ops& ops;
+  const Config& config;  // this rank's view (local heads and groups)
+  NumericMode mode;
+  const KvCache& cache;
+  const Workspace& ws;
+  kernels::StepIndex step;
+  const int32_t* tokens = nullptr;  // [T] backend memory
+  std::array<kernels::BlockTables, kNumKvPools> tables;
+  const std::vector<kernels::Buffer>* inv_freq = nullptr;  // per layer, backend memory [pairs]
 };
 
 struct Dsv4Model::Impl {
   Config config;       // the forward's view: with tensor parallelism, this rank's heads and output groups
   Config full_config;  // the whole model's, returned by config()
   ModelOptions options;
+  kernels::Backend* backend = nullptr;
+  std::unique_ptr<ShardLayout> shard;  // this rank's share; null for world 1
   std::unique_ptr<ModelWeights> weights;
-  std::unique_ptr<kernels::cpu::CpuOps> cpu;
-  kernels::Ops* ops = nullptr;  // the backend every sublayer calls (the CPU one here)
-  std::vector<std::vector<float>> inv_freq;  // per layer
+  std::vector<kernels::Buffer> inv_freq;  // per layer [pairs], backend memory
   std::unique_ptr<KvCache> cache;
-  comm::Communicator* tp = nullptr;          // null for world 1
-  std::unique_ptr<comm::ShardLayout> shard;  // this rank's share; null for world 1
-  absl::Status tp_status;                    // first collective failure of the running forward
-  metrics::PhaseTimer* phase_timer = nullptr;  // null = no phase timing (Dsv4Model::SetPhaseTimer)
-  metrics::Phase phase = metrics::Phase::kOther;  // the phase last begun, so a collective can resume it
+  Workspace ws;
+  PlanLayout plan;
+  std::vector<uint8_t> slot_seen;  // per state slot, step validation scratch (sized at AllocateCache)
+  absl::Status tp_status;  // first collective failure of the running forward
+  Phase phase = Phase::kOther;  // the phase last begun, so a collective can resume it
 
-  // Marks the start of phase p for the timer (phases form a flat sequence); nothing without a timer.
-  void BeginPhase(metrics::Phase p) {
-    if (phase_timer == nullptr) return;
+  // Marks the start of phase p for the hook (phases form a flat sequence); nothing without a hook.
+  void BeginPhase(Phase p) {
+    if (options.phase_hook == nullptr) return;
     phase = p;
-    phase_timer->Begin(p);
+    options.phase_hook->Begin(p);
   }
-
   // Sums a partial [n] result over the group in place (no-op for world 1); keeps the first failure in tp_status
-  // (later collectives of a broken communicator fail at once, so the step just runs out).
+  // (later collectives of a broken group fail at once, so the step just runs out).
   void AllReduce(float* y, int64_t n);
-
-  // Physical row id of a sequence's logical row in a pool (window: ring row p mod window).
-  int32_t PhysicalRow(const SeqBlockTables& t, KvPool pool, int64_t logical_row) const;
 };
 
-// x: [T, S, D] residual streams, updated in place.
-void AttentionSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, std::vector<float>& x);
-void FfnSublayer(Dsv4Model::Impl& m, int layer, const StepBatch& batch, std::vector<float>& x);
-// Logits [rows.size(), V] of the selected tokens.
-void Head(Dsv4Model::Impl& m, const std::vector<float>& x, const std::vector<int64_t>& rows, float* logits);
-
-// Per-token cache work of one attention layer, in token order (kv_update.cc): writes the window row, steps the
-// compressor(s), and fills this token's key lists for attention.
-struct TokenKeys {
-  std::vector<int32_t> window_rows;      // [window]
-  std::vector<int32_t> compressed_rows;  // [max compressed]
-  int32_t window_count = 0, compressed_count = 0;
-};
-struct LayerActivations {  // this layer's projections for all T tokens
-  const float* a = nullptr;         // [T, D] normed sublayer input
-  const float* kv = nullptr;        // [T, Dh] rotated window key
-  const float* comp_kv = nullptr;   // [T, C*Dh]
-  const float* comp_gate = nullptr; // [T, C*Dh]
-  const float* idx_q = nullptr;     // [T, IH*ID]
-  const float* idx_w = nullptr;     // [T, IH]
-  const float* idx_kv = nullptr;    // [T, 2*ID]
-  const float* idx_gate = nullptr;  // [T, 2*ID]
-};
-void UpdateCacheAndSelect(Dsv4Model::Impl& m, int layer, const StepBatch& batch, int64_t t,
-                          const LayerActivations& act, TokenKeys& keys);
+// x / x_out: [T, S, D] residual streams; the sublayer reads x and writes x_out.
+void AttentionSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, const float* x, float* x_out);
+void FfnSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, const float* x, float* x_out);
+// Logits of the rows' tokens: [rows, V] into logits (backend memory, ws.logits or ws.logits_full).
+void Head(Dsv4Model::Impl& m, const StepContext& s, const float* x, const int32_t* rows, int64_t r, float* logits);
 
 }  // namespace dsv4::model

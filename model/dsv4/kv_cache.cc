@@ -1,11 +1,10 @@
 // KV pools and compressor state slots: see kv_cache.h.
 #include "model/dsv4/kv_cache.h"
 
-#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/cpu_ops.h"
+#include "common/status_macros.h"
 
 namespace dsv4::model {
 
@@ -22,7 +21,6 @@ KvCache::KvCache(const Config& config, NumericMode mode) : config_(config), mode
     if (r == 4) add(KvPool::kCompressed4, l), add(KvPool::kIndexer, l);
     if (r == 128) add(KvPool::kCompressed128, l);
   }
-  state_.resize(config.num_hidden_layers);
 }
 
 kernels::KvFormat KvCache::Format(KvPool pool) const {
@@ -35,7 +33,7 @@ int KvCache::RowDim(KvPool pool) const {
 }
 
 int64_t KvCache::LayerPageBytes(KvPool pool, int page_rows) const {
-  return kernels::cpu::KvPageBytes(Format(pool), RowDim(pool), page_rows);
+  return kernels::KvPageBytes(Format(pool), RowDim(pool), page_rows);
 }
 
 int64_t KvCache::StateFloats(int layer, bool indexer) const {
@@ -45,9 +43,11 @@ int64_t KvCache::StateFloats(int layer, bool indexer) const {
   return r == 0 ? 0 : int64_t{c} * r * c * config_.head_dim;
 }
 
-absl::Status KvCache::Allocate(std::array<int64_t, kNumKvPools> pages, int page_rows, int slots) {
+absl::Status KvCache::Allocate(kernels::Backend& backend, std::array<int64_t, kNumKvPools> pages, int page_rows,
+                               int slots, int64_t max_step_tokens) {
   if (page_rows <= 0) return absl::InvalidArgumentError(absl::StrCat("page_rows must be > 0, got ", page_rows));
   if (slots <= 0) return absl::InvalidArgumentError(absl::StrCat("max_state_slots must be > 0, got ", slots));
+  if (max_step_tokens <= 0) return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be > 0, got ", max_step_tokens));
   for (int p = 0; p < kNumKvPools; ++p) {
     if (pages[p] < 0) return absl::InvalidArgumentError(absl::StrCat("pages_per_pool[", p, "] is negative"));
   }
@@ -56,42 +56,50 @@ absl::Status KvCache::Allocate(std::array<int64_t, kNumKvPools> pages, int page_
   pages_ = pages;
   for (int p = 0; p < kNumKvPools; ++p) {
     const auto pool = static_cast<KvPool>(p);
-    storage_[p].assign(layers_[p].size() * pages[p] * LayerPageBytes(pool, page_rows), 0);
+    storage_[p].Reset();
+    const int64_t staging = pool == KvPool::kWindow ? (max_step_tokens + page_rows - 1) / page_rows : 0;
+    layer_pages_[p] = pages[p] + staging;
+    const int64_t bytes = static_cast<int64_t>(layers_[p].size()) * layer_pages_[p] * LayerPageBytes(pool, page_rows);
+    if (bytes > 0) {
+      DSV4_ASSIGN_OR_RETURN(storage_[p], backend.Allocate(bytes, kernels::MemoryKind::kKvCache));
+    }
   }
+  state_offset_.assign(config_.num_hidden_layers, 0);
+  kv_floats_ = 0;
   for (int l = 0; l < config_.num_hidden_layers; ++l) {
-    state_[l].assign(slots * 2 * (StateFloats(l, false) + StateFloats(l, true)), 0.f);
+    state_offset_[l] = kv_floats_;
+    kv_floats_ += StateFloats(l, false) + StateFloats(l, true);
+  }
+  slot_floats_ = 2 * kv_floats_;
+  state_.Reset();
+  if (slot_floats_ > 0) {
+    DSV4_ASSIGN_OR_RETURN(state_, backend.Allocate(slots * slot_floats_ * 4, kernels::MemoryKind::kState));
   }
   next_pos_.assign(slots, 0);
-  for (int s = 0; s < slots; ++s) ResetSlot(s);
-  return absl::OkStatus();
+  for (int s = 0; s < slots; ++s) ResetSlot(backend, s);
+  return backend.Synchronize();
 }
 
-kernels::KvCacheView KvCache::View(KvPool pool, int layer) {
+kernels::KvCacheView KvCache::View(KvPool pool, int layer) const {
   const int p = static_cast<int>(pool);
   const int64_t page_bytes = LayerPageBytes(pool, page_rows_);
-  return {.base = storage_[p].data() + pool_index_[p][layer] * pages_[p] * page_bytes,
+  return {.base = storage_[p].as<uint8_t>() + pool_index_[p][layer] * layer_pages_[p] * page_bytes,
           .format = Format(pool),
           .dim = RowDim(pool),
           .page_rows = page_rows_,
           .page_bytes = page_bytes};
 }
 
-float* KvCache::State(int layer, int slot, bool indexer, bool score) {
-  const int64_t main = StateFloats(layer, false), idx = StateFloats(layer, true);
-  float* base = state_[layer].data() + slot * 2 * (main + idx);
-  if (!indexer) return base + (score ? main : 0);
-  return base + 2 * main + (score ? idx : 0);
+float* KvCache::StateKv(int layer, bool indexer) const {
+  return state_.as<float>() + state_offset_[layer] + (indexer ? StateFloats(layer, false) : 0);
 }
-float* KvCache::StateKv(int layer, int slot, bool indexer) { return State(layer, slot, indexer, false); }
-float* KvCache::StateScore(int layer, int slot, bool indexer) { return State(layer, slot, indexer, true); }
+float* KvCache::StateScore(int layer, bool indexer) const { return StateKv(layer, indexer) + kv_floats_; }
 
-void KvCache::ResetSlot(int slot) {
-  for (int l = 0; l < config_.num_hidden_layers; ++l) {
-    for (bool indexer : {false, true}) {
-      const int64_t n = StateFloats(l, indexer);
-      std::fill_n(StateKv(l, slot, indexer), n, 0.f);
-      std::fill_n(StateScore(l, slot, indexer), n, -std::numeric_limits<float>::infinity());
-    }
+void KvCache::ResetSlot(kernels::Backend& backend, int slot) {
+  if (slot_floats_ > 0) {
+    float* base = state_.as<float>() + slot * slot_floats_;
+    backend.ops().Fill({.x = base, .n = kv_floats_, .value = 0.f});
+    backend.ops().Fill({.x = base + kv_floats_, .n = kv_floats_, .value = -std::numeric_limits<float>::infinity()});
   }
   next_pos_[slot] = 0;
 }

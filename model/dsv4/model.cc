@@ -1,14 +1,14 @@
-// Dsv4Model: loading, cache management, request validation and the top-level forward (embed -> layers ->
-// head). The sublayers live in attention.cc (+ kv_update.cc), ffn.cc and head.cc.
+// Dsv4Model: loading, cache and workspace planning, step validation, plan packing and the top-level forward
+// (embed -> layers -> head). The sublayers live in attention.cc, ffn.cc and head.cc.
 #include <algorithm>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/dsv4/forward.h"
 #include "model/dsv4/rope.h"
-#include "common/logging.h"
 
 namespace dsv4::model {
 namespace {
@@ -24,7 +24,14 @@ bool PoolUsed(const Config& c, KvPool pool) {
 }
 
 absl::Status CheckSupported(const Config& c, const ModelOptions& o) {
-  if (o.num_threads < 1) return absl::InvalidArgumentError(absl::StrCat("num_threads must be >= 1, got ", o.num_threads));
+  if (o.backend == nullptr) return absl::InvalidArgumentError("ModelOptions::backend is required");
+  if (o.max_step_tokens < 1) return absl::InvalidArgumentError(absl::StrCat("max_step_tokens must be >= 1, got ", o.max_step_tokens));
+  if (o.max_context < 1) return absl::InvalidArgumentError(absl::StrCat("max_context must be >= 1, got ", o.max_context));
+  if (o.shard.world > 1 && (o.collectives == nullptr || o.collectives->world() != o.shard.world ||
+                            o.collectives->rank() != o.shard.rank)) {
+    return absl::InvalidArgumentError(absl::StrCat("shard rank ", o.shard.rank, " of ", o.shard.world,
+                                                   " needs the collectives of that rank and world"));
+  }
   for (int l = 0; l < c.num_hidden_layers; ++l) {
     const int r = c.CompressRatio(l);
     if (r != 0 && r != 4 && r != 128)
@@ -55,15 +62,15 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const std::string& di
   DSV4_ASSIGN_OR_RETURN(impl->config, LoadConfig(dir));
   DSV4_RETURN_IF_ERROR(CheckSupported(impl->config, options));
   impl->options = options;
+  impl->backend = options.backend;
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::Checkpoint> ck, ckpt::Checkpoint::Open(dir));
   impl->full_config = impl->config;
-  if (options.tp_comm != nullptr && options.tp_comm->world() > 1) {
-    const comm::ShardSpec spec{options.tp_comm->rank(), options.tp_comm->world()};
-    DSV4_ASSIGN_OR_RETURN(comm::ShardLayout layout, comm::PlanShardLayout(impl->config, spec));
-    impl->shard = std::make_unique<comm::ShardLayout>(layout);
-    impl->tp = options.tp_comm;
+  if (options.shard.world > 1) {
+    DSV4_ASSIGN_OR_RETURN(ShardLayout layout, PlanShardLayout(impl->config, options.shard));
+    impl->shard = std::make_unique<ShardLayout>(layout);
   }
-  DSV4_ASSIGN_OR_RETURN(impl->weights, LoadWeights(*ck, impl->config, impl->shard.get(), options.on_layer_loaded));
+  DSV4_ASSIGN_OR_RETURN(impl->weights, LoadWeights(*ck, impl->config, *impl->backend, impl->shard.get(),
+                                                   options.on_layer_loaded));
   if (impl->shard != nullptr) {
     // The forward runs on this rank's heads and output groups only; everything else keeps the full config.
     impl->config.num_attention_heads = impl->shard->heads.size;
@@ -71,12 +78,13 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const std::string& di
     DSV4_LOG_INFO("tensor parallel rank {} of {}: heads [{}, {}), experts [{}, {}), vocab [{}, {}); resident {} MiB",
                   impl->shard->spec.rank, impl->shard->spec.world, impl->shard->heads.begin,
                   impl->shard->heads.end(), impl->shard->experts.begin, impl->shard->experts.end(),
-                  impl->shard->vocab.begin, impl->shard->vocab.end(), comm::ResidentBytes() >> 20);
+                  impl->shard->vocab.begin, impl->shard->vocab.end(), ResidentBytes() >> 20);
   }
-  impl->cpu = std::make_unique<kernels::cpu::CpuOps>(options.num_threads);
-  impl->ops = impl->cpu.get();
-  for (int l = 0; l < impl->config.num_hidden_layers; ++l)
-    impl->inv_freq.push_back(LayerInvFreq(impl->config, impl->config.CompressRatio(l)));
+  for (int l = 0; l < impl->config.num_hidden_layers; ++l) {
+    const std::vector<float> inv = LayerInvFreq(impl->config, impl->config.CompressRatio(l));
+    DSV4_ASSIGN_OR_RETURN(kernels::Buffer b, impl->backend->UploadF32(inv));
+    impl->inv_freq.push_back(std::move(b));
+  }
   impl->cache = std::make_unique<KvCache>(impl->config, options.mode);
   return std::unique_ptr<Dsv4Model>(new Dsv4Model(std::move(impl)));
 }
@@ -97,61 +105,161 @@ int64_t Dsv4Model::RowsNeeded(const Config& c, KvPool pool, int64_t n) {
   return 0;
 }
 
+namespace {
+
+// Pages per sequence of each pool at the planned maximum context (the block-table strides).
+std::array<int64_t, kNumKvPools> TableStrides(const Config& c, int64_t max_context, int page_rows) {
+  std::array<int64_t, kNumKvPools> stride{};
+  for (int p = 0; p < kNumKvPools; ++p) {
+    const int64_t rows = Dsv4Model::RowsNeeded(c, static_cast<KvPool>(p), max_context);
+    stride[p] = std::max<int64_t>(1, (rows + page_rows - 1) / page_rows);
+  }
+  return stride;
+}
+
+PlanLayout MakePlanLayout(int64_t T, int64_t B, const std::array<int64_t, kNumKvPools>& stride) {
+  PlanLayout l;
+  int64_t at = 0;
+  auto take = [&](int64_t n) { const int64_t o = at; at += n; return o; };
+  l.tokens = take(T);
+  l.pos = take(T);
+  l.seq = take(T);
+  l.head_rows = take(T);
+  l.seq_first = take(B);
+  l.seq_len = take(B);
+  l.slot = take(B);
+  for (int p = 0; p < kNumKvPools; ++p) {
+    l.stride[p] = stride[p];
+    l.table[p] = take(B * stride[p]);
+  }
+  l.total = at;
+  return l;
+}
+
+// Allocates every activation buffer of the workspace for T tokens and B sequences.
+absl::Status AllocateWorkspace(kernels::Backend& be, const Config& c, const ShardLayout* shard, int64_t T, int64_t B,
+                               const PlanLayout& plan, Workspace& ws) {
+  const int64_t D = c.hidden_size, S = c.hc_mult, H = c.num_attention_heads, Dh = c.head_dim;
+  const int64_t IH = c.index_n_heads, ID = c.index_head_dim;
+  const int64_t V = c.vocab_size, Vlocal = shard != nullptr ? shard->vocab.size : V;
+  ws = Workspace{};
+  ws.max_tokens = T;
+  ws.max_seqs = B;
+  ws.head_rows = std::max<int64_t>(B, 64);
+  const int64_t R = ws.head_rows;
+  auto f32 = [&](kernels::Buffer& b, int64_t n) -> absl::Status {
+    DSV4_ASSIGN_OR_RETURN(b, be.Allocate(std::max<int64_t>(n, 1) * 4, kernels::MemoryKind::kWorkspace));
+    return absl::OkStatus();
+  };
+  for (auto& x : ws.x) DSV4_RETURN_IF_ERROR(f32(x, T * S * D));
+  DSV4_RETURN_IF_ERROR(f32(ws.a, T * D));
+  DSV4_RETURN_IF_ERROR(f32(ws.post, T * S));
+  DSV4_RETURN_IF_ERROR(f32(ws.comb, T * S * S));
+  DSV4_RETURN_IF_ERROR(f32(ws.cq, T * c.q_lora_rank));
+  DSV4_RETURN_IF_ERROR(f32(ws.q, T * H * Dh));
+  DSV4_RETURN_IF_ERROR(f32(ws.kv, T * Dh));
+  DSV4_RETURN_IF_ERROR(f32(ws.comp_kv, T * 2 * Dh));
+  DSV4_RETURN_IF_ERROR(f32(ws.comp_gate, T * 2 * Dh));
+  DSV4_RETURN_IF_ERROR(f32(ws.idx_q, T * IH * ID));
+  DSV4_RETURN_IF_ERROR(f32(ws.idx_w, T * IH));
+  DSV4_RETURN_IF_ERROR(f32(ws.idx_kv, T * 2 * ID));
+  DSV4_RETURN_IF_ERROR(f32(ws.idx_gate, T * 2 * ID));
+  DSV4_RETURN_IF_ERROR(f32(ws.selected, T * c.index_topk));  // int32, same size
+  DSV4_RETURN_IF_ERROR(f32(ws.selected_count, T));
+  DSV4_RETURN_IF_ERROR(f32(ws.o, T * H * Dh));
+  DSV4_RETURN_IF_ERROR(f32(ws.z, T * c.o_groups * c.o_lora_rank));
+  DSV4_RETURN_IF_ERROR(f32(ws.y, T * D));
+  DSV4_RETURN_IF_ERROR(f32(ws.h, R * D));
+  DSV4_RETURN_IF_ERROR(f32(ws.logits, R * Vlocal));
+  if (shard != nullptr) DSV4_RETURN_IF_ERROR(f32(ws.logits_full, R * V));
+  DSV4_ASSIGN_OR_RETURN(ws.plan, be.Allocate(plan.total * 4, kernels::MemoryKind::kWorkspace));
+  DSV4_ASSIGN_OR_RETURN(ws.plan_host, be.Allocate(plan.total * 4, kernels::MemoryKind::kHostStaging));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Dsv4Model::AllocateCache(std::array<int64_t, kNumKvPools> pages, int page_rows, int slots) {
-  return impl_->cache->Allocate(pages, page_rows, slots);
+  Impl& m = *impl_;
+  const Config& c = m.config;
+  DSV4_RETURN_IF_ERROR(m.cache->Allocate(*m.backend, pages, page_rows, slots, m.options.max_step_tokens));
+  m.slot_seen.assign(slots, 0);
+  const int64_t T = m.options.max_step_tokens, B = slots;
+  m.plan = MakePlanLayout(T, B, TableStrides(c, m.options.max_context, page_rows));
+  DSV4_RETURN_IF_ERROR(AllocateWorkspace(*m.backend, c, m.shard.get(), T, B, m.plan, m.ws));
+  const int64_t Is = c.moe_intermediate_size * c.n_shared_experts / (m.shard != nullptr ? m.shard->spec.world : 1);
+  DSV4_RETURN_IF_ERROR(m.backend->Reserve({.max_tokens = T, .max_seqs = B, .max_context = m.options.max_context,
+                                           .hidden = c.hidden_size, .hc_mult = c.hc_mult,
+                                           .heads = c.num_attention_heads, .head_dim = c.head_dim,
+                                           .window = c.sliding_window, .index_heads = c.index_n_heads,
+                                           .index_dim = c.index_head_dim, .index_topk = c.index_topk,
+                                           .experts = c.n_routed_experts, .experts_per_token = c.num_experts_per_tok,
+                                           .moe_inter = c.moe_intermediate_size, .shared_inter = Is,
+                                           .vocab = m.shard != nullptr ? m.shard->vocab.size : c.vocab_size}));
+  const auto held = m.backend->allocated();
+  DSV4_LOG_INFO("{} backend memory: weights {} MiB, kv cache {} MiB, state {} MiB, workspace {} MiB (steps of <= {} "
+                "tokens, {} sequences, context <= {})",
+                m.backend->name(), held[0] >> 20, held[1] >> 20, held[2] >> 20, held[3] >> 20, T, B,
+                m.options.max_context);
+  return absl::OkStatus();
 }
 
 absl::Status Dsv4Model::ResetState(int32_t slot) {
   if (!impl_->cache->allocated()) return absl::FailedPreconditionError("ResetState before AllocateCache");
   if (slot < 0 || slot >= impl_->cache->slots())
     return absl::InvalidArgumentError(absl::StrCat("state_slot ", slot, " out of [0, ", impl_->cache->slots(), ")"));
-  impl_->cache->ResetSlot(slot);
+  impl_->cache->ResetSlot(*impl_->backend, slot);
   return absl::OkStatus();
 }
 
 void Dsv4Model::Impl::AllReduce(float* y, int64_t n) {
-  if (tp == nullptr) return;
-  const metrics::Phase resume = phase;  // the collective's time is comm; the sublayer's phase resumes after it
-  BeginPhase(metrics::Phase::kComm);
-  const absl::Status s = tp->AllReduceSum(y, static_cast<size_t>(n));
+  if (options.collectives == nullptr || options.collectives->world() == 1) return;
+  const Phase resume = phase;  // the collective's time is comm; the sublayer's phase resumes after it
+  BeginPhase(Phase::kComm);
+  const absl::Status s = options.collectives->AllReduceSum(y, n);
   if (!s.ok() && tp_status.ok()) tp_status = s;
   BeginPhase(resume);
 }
 
-void Dsv4Model::SetPhaseTimer(metrics::PhaseTimer* timer) { impl_->phase_timer = timer; }
-
-int32_t Dsv4Model::Impl::PhysicalRow(const SeqBlockTables& t, KvPool pool, int64_t logical) const {
-  if (pool == KvPool::kWindow) logical %= config.sliding_window;
-  const int P = cache->page_rows();
-  return static_cast<int32_t>(t.pages[static_cast<int>(pool)][logical / P] * P + logical % P);
-}
+void Dsv4Model::SetPhaseHook(PhaseHook* hook) { impl_->options.phase_hook = hook; }
 
 namespace {
 
-// Every check a step needs before it may touch any state: errors name the chunk and the field.
-absl::Status ValidateChunks(const Dsv4Model::Impl& m, std::span<const SeqChunk> chunks) {
+// Every check a step needs before it may touch any state: errors name the chunk and the field. Allocates
+// nothing unless it fails (a decode step allocates nothing at all).
+absl::Status ValidateChunks(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, int64_t* total_tokens) {
   const KvCache& cache = *m.cache;
   if (!cache.allocated()) return absl::FailedPreconditionError("Forward before AllocateCache");
   if (chunks.empty()) return absl::InvalidArgumentError("Forward with no chunks");
-  std::set<int32_t> slots;
+  if (static_cast<int64_t>(chunks.size()) > m.ws.max_seqs)
+    return absl::InvalidArgumentError(absl::StrCat("step has ", chunks.size(), " chunks, more than the ", m.ws.max_seqs,
+                                                   " state slots"));
+  std::fill(m.slot_seen.begin(), m.slot_seen.end(), 0);
+  int64_t total = 0;
   for (size_t i = 0; i < chunks.size(); ++i) {
     const SeqChunk& ch = chunks[i];
-    const std::string who = absl::StrCat("chunk ", i, ": ");
-    if (ch.tables == nullptr) return absl::InvalidArgumentError(who + "tables is null");
-    if (ch.tokens.empty()) return absl::InvalidArgumentError(who + "no tokens");
+    auto who = [i] { return absl::StrCat("chunk ", i, ": "); };
+    if (ch.tables == nullptr) return absl::InvalidArgumentError(who() + "tables is null");
+    if (ch.tokens.empty()) return absl::InvalidArgumentError(who() + "no tokens");
     const int32_t slot = ch.tables->state_slot;
     if (slot < 0 || slot >= cache.slots())
-      return absl::InvalidArgumentError(absl::StrCat(who, "state_slot ", slot, " out of [0, ", cache.slots(), ")"));
-    if (!slots.insert(slot).second) return absl::InvalidArgumentError(absl::StrCat(who, "state_slot ", slot, " used twice in one step"));
-    if (ch.start_pos != const_cast<KvCache&>(cache).next_pos(slot))
-      return absl::InvalidArgumentError(absl::StrCat(who, "start_pos ", ch.start_pos, " but state slot ", slot, " has consumed ",
-                                                     const_cast<KvCache&>(cache).next_pos(slot), " tokens"));
+      return absl::InvalidArgumentError(absl::StrCat(who(), "state_slot ", slot, " out of [0, ", cache.slots(), ")"));
+    if (m.slot_seen[slot]++ != 0)
+      return absl::InvalidArgumentError(absl::StrCat(who(), "state_slot ", slot, " used twice in one step"));
+    if (ch.start_pos != cache.next_pos(slot))
+      return absl::InvalidArgumentError(absl::StrCat(who(), "start_pos ", ch.start_pos, " but state slot ", slot,
+                                                     " has consumed ", cache.next_pos(slot), " tokens"));
     const int64_t end = int64_t{ch.start_pos} + static_cast<int64_t>(ch.tokens.size());
+    if (end > m.options.max_context)
+      return absl::InvalidArgumentError(absl::StrCat(who(), "positions up to ", end, " exceed the planned max_context ",
+                                                     m.options.max_context));
     if (end > m.config.max_position_embeddings)
-      return absl::InvalidArgumentError(absl::StrCat(who, "positions up to ", end, " exceed max_position_embeddings ", m.config.max_position_embeddings));
+      return absl::InvalidArgumentError(absl::StrCat(who(), "positions up to ", end, " exceed max_position_embeddings ",
+                                                     m.config.max_position_embeddings));
     for (size_t j = 0; j < ch.tokens.size(); ++j) {
       if (ch.tokens[j] < 0 || ch.tokens[j] >= m.config.vocab_size)
-        return absl::InvalidArgumentError(absl::StrCat(who, "token ", j, " = ", ch.tokens[j], " out of [0, ", m.config.vocab_size, ")"));
+        return absl::InvalidArgumentError(absl::StrCat(who(), "token ", j, " = ", ch.tokens[j], " out of [0, ",
+                                                       m.config.vocab_size, ")"));
     }
     for (int p = 0; p < kNumKvPools; ++p) {
       const auto pool = static_cast<KvPool>(p);
@@ -160,50 +268,94 @@ absl::Status ValidateChunks(const Dsv4Model::Impl& m, std::span<const SeqChunk> 
       const int64_t need = (rows + cache.page_rows() - 1) / cache.page_rows();
       const auto& pages = ch.tables->pages[p];
       if (static_cast<int64_t>(pages.size()) < need)
-        return absl::InvalidArgumentError(absl::StrCat(who, "pool ", p, " has ", pages.size(), " pages, needs ", need, " for ", end, " positions"));
+        return absl::InvalidArgumentError(absl::StrCat(who(), "pool ", p, " has ", pages.size(), " pages, needs ", need,
+                                                       " for ", end, " positions"));
       for (int64_t k = 0; k < need; ++k) {
         if (pages[k] < 0 || pages[k] >= cache.pages(pool))
-          return absl::InvalidArgumentError(absl::StrCat(who, "pool ", p, " page ", pages[k], " out of [0, ", cache.pages(pool), ")"));
+          return absl::InvalidArgumentError(absl::StrCat(who(), "pool ", p, " page ", pages[k], " out of [0, ",
+                                                         cache.pages(pool), ")"));
       }
     }
+    total += static_cast<int64_t>(ch.tokens.size());
   }
+  if (total > m.ws.max_tokens)
+    return absl::InvalidArgumentError(absl::StrCat("step has ", total, " tokens, more than the planned max_step_tokens ",
+                                                   m.ws.max_tokens));
+  *total_tokens = total;
   return absl::OkStatus();
 }
 
-// Runs the layers over the step's tokens and returns the logits of `rows` (indices into the flat batch).
-absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, std::vector<float>* out,
-                        float* out_ptr) {
-  DSV4_RETURN_IF_ERROR(ValidateChunks(m, chunks));
-  m.tp_status = absl::OkStatus();
-  const Config& c = m.config;
-  StepBatch batch;
-  std::vector<int64_t> rows;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    batch.tables.push_back(chunks[i].tables);
-    for (size_t j = 0; j < chunks[i].tokens.size(); ++j) {
-      if (all_rows || j + 1 == chunks[i].tokens.size()) rows.push_back(batch.size());
-      batch.tokens.push_back(chunks[i].tokens[j]);
-      batch.pos.push_back(chunks[i].start_pos + static_cast<int32_t>(j));
-      batch.chunk_of.push_back(static_cast<int32_t>(i));
+// Packs the step's plan into the host staging buffer (one copy to the backend follows). Returns the number of
+// logit rows: each chunk's last token, or every token when all_rows.
+int64_t PackPlan(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, int* max_seq_len) {
+  const PlanLayout& l = m.plan;
+  int32_t* p = m.ws.plan_host.as<int32_t>();
+  int64_t t = 0, rows = 0;
+  *max_seq_len = 0;
+  for (size_t b = 0; b < chunks.size(); ++b) {
+    const SeqChunk& ch = chunks[b];
+    const int64_t n = static_cast<int64_t>(ch.tokens.size());
+    p[l.seq_first + b] = static_cast<int32_t>(t);
+    p[l.seq_len + b] = static_cast<int32_t>(n);
+    p[l.slot + b] = ch.tables->state_slot;
+    *max_seq_len = std::max<int>(*max_seq_len, static_cast<int>(n));
+    for (int q = 0; q < kNumKvPools; ++q) {
+      int32_t* row = p + l.table[q] + static_cast<int64_t>(b) * l.stride[q];
+      const auto& pages = ch.tables->pages[q];
+      const int64_t used = std::min<int64_t>(l.stride[q], static_cast<int64_t>(pages.size()));
+      std::copy_n(pages.data(), used, row);
+      std::fill(row + used, row + l.stride[q], -1);
+    }
+    for (int64_t j = 0; j < n; ++j, ++t) {
+      p[l.tokens + t] = ch.tokens[j];
+      p[l.pos + t] = ch.start_pos + static_cast<int32_t>(j);
+      p[l.seq + t] = static_cast<int32_t>(b);
+      if (all_rows || j + 1 == n) p[l.head_rows + rows++] = static_cast<int32_t>(t);
     }
   }
-  const int64_t T = batch.size(), D = c.hidden_size, S = c.hc_mult;
-  m.BeginPhase(metrics::Phase::kDense);  // the embedding lookup
-  std::vector<float> x(T * S * D);  // every stream starts as the embedding
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t s = 0; s < S; ++s)
-      std::copy_n(m.weights->embed.ptr() + int64_t{batch.tokens[t]} * D, D, x.data() + (t * S + s) * D);
+  return rows;
+}
+
+// Runs the layers over the step's tokens and copies the logits of the head rows to `out` ([rows, V], host).
+absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bool all_rows, float* out) {
+  int64_t T = 0;
+  DSV4_RETURN_IF_ERROR(ValidateChunks(m, chunks, &T));
+  m.tp_status = absl::OkStatus();
+  const Config& c = m.config;
+  kernels::Backend& be = *m.backend;
+  int max_seq_len = 1;
+  const int64_t rows = PackPlan(m, chunks, all_rows, &max_seq_len);
+  DSV4_RETURN_IF_ERROR(be.CopyToDevice(m.ws.plan.data(), m.ws.plan_host.data(), m.plan.total * 4));
+  const int32_t* plan = m.ws.plan.as<const int32_t>();
+  StepContext s{.ops = be.ops(), .config = c, .mode = m.options.mode, .cache = *m.cache, .ws = m.ws,
+                .step = {.pos = plan + m.plan.pos, .seq = plan + m.plan.seq, .seq_first = plan + m.plan.seq_first,
+                         .seq_len = plan + m.plan.seq_len, .state_slot = plan + m.plan.slot, .t = T,
+                         .b = static_cast<int64_t>(chunks.size()), .max_seq_len = max_seq_len},
+                .tokens = plan + m.plan.tokens, .tables = {}, .inv_freq = &m.inv_freq};
+  for (int q = 0; q < kNumKvPools; ++q) s.tables[q] = {.pages = plan + m.plan.table[q], .stride = m.plan.stride[q]};
+
+  m.BeginPhase(Phase::kDense);  // the embedding lookup: every stream starts as the embedding
+  float* x = m.ws.x[0].as<float>();
+  float* x_next = m.ws.x[1].as<float>();
+  s.ops.Embed({.table = m.weights->embed.get(), .tokens = s.tokens, .pos = s.step.pos, .x = x, .t = T,
+               .s = c.hc_mult});
   for (int l = 0; l < c.num_hidden_layers; ++l) {
-    AttentionSublayer(m, l, batch, x);
-    FfnSublayer(m, l, batch, x);
+    AttentionSublayer(m, s, l, x, x_next);
+    std::swap(x, x_next);
+    FfnSublayer(m, s, l, x, x_next);
+    std::swap(x, x_next);
   }
   for (const SeqChunk& ch : chunks) m.cache->next_pos(ch.tables->state_slot) += static_cast<int64_t>(ch.tokens.size());
-  if (out) {
-    out->resize(rows.size() * c.vocab_size);
-    out_ptr = out->data();
+  // The head in passes of at most ws.head_rows rows; each pass's logits come back with one copy.
+  const bool gathered = m.shard != nullptr;
+  float* logits = (gathered ? m.ws.logits_full : m.ws.logits).as<float>();
+  for (int64_t r0 = 0; r0 < rows; r0 += m.ws.head_rows) {
+    const int64_t r = std::min(m.ws.head_rows, rows - r0);
+    Head(m, s, x, plan + m.plan.head_rows + r0, r, logits);
+    DSV4_RETURN_IF_ERROR(be.CopyToHost(out + r0 * c.vocab_size, logits, r * c.vocab_size * 4));
   }
-  Head(m, x, rows, out_ptr);
-  if (m.phase_timer != nullptr) m.phase_timer->End(m.phase);
+  if (m.options.phase_hook != nullptr) m.options.phase_hook->End();
+  DSV4_RETURN_IF_ERROR(be.Synchronize());
   return m.tp_status;
 }
 
@@ -211,12 +363,15 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
 
 absl::Status Dsv4Model::Forward(std::span<const SeqChunk> chunks, float* logits) {
   if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
-  return RunForward(*impl_, chunks, false, nullptr, logits);
+  return RunForward(*impl_, chunks, false, logits);
 }
 
 absl::Status Dsv4Model::ForwardAllLogits(std::span<const SeqChunk> chunks, std::vector<float>* logits) {
   if (logits == nullptr) return absl::InvalidArgumentError("ForwardAllLogits: logits is null");
-  return RunForward(*impl_, chunks, true, logits, nullptr);
+  size_t total = 0;
+  for (const SeqChunk& ch : chunks) total += ch.tokens.size();
+  logits->resize(total * static_cast<size_t>(impl_->config.vocab_size));
+  return RunForward(*impl_, chunks, true, logits->data());
 }
 
 }  // namespace dsv4::model

@@ -1,8 +1,8 @@
 // The DeepSeek-V4 forward pass on the ops interface: the one API the worker engine calls.
 //
 // Contract with worker/ (written first so the engine can code against it):
-//  - The KV cache is paged, vLLM-style. There are four pools (KvPool). Each sequence has one block table per
-//    pool, shared by every layer that uses that pool: page id g names the same slot in every layer's pool.
+//  - The KV cache is paged, vLLM-style. There are four pools (KvPool, step.h). Each sequence has one block table
+//    per pool, shared by every layer that uses that pool: page id g names the same slot in every layer's pool.
 //  - The window pool is a ring of config.sliding_window rows per sequence: position p lives in ring row
 //    p mod window, i.e. page tables.pages[kWindow][(p mod window) / page_rows], row (p mod window) % page_rows.
 //    A sequence needs ceil(window / page_rows) window pages from its first token (RowsNeeded says window).
@@ -12,8 +12,10 @@
 //    before a sequence's first token.
 //  - Forward takes any mix of chunks (a prefill chunk of many tokens or one decode token), each at its own
 //    position; prefill in chunks leaves exactly the state that one-token-at-a-time decoding would.
-// Threading: a Dsv4Model is used by one thread at a time (the engine thread); it runs its own worker threads
-// inside ops (ModelOptions::num_threads).
+//  - The compute runs on the Backend given in ModelOptions (kernels/backend.h); the model constructs none. Weights,
+//    KV pools and the step workspace are backend memory, planned at Load / AllocateCache: a step allocates
+//    nothing and copies its plan to the backend once (one packed int32 buffer) and the logits back once.
+// Threading: a Dsv4Model is used by one thread at a time (the engine thread).
 #pragma once
 
 #include <array>
@@ -26,14 +28,11 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/backend.h"
 #include "model/config/config.h"
-
-namespace dsv4::comm {
-class Communicator;
-}
-namespace dsv4::metrics {
-class PhaseTimer;
-}
+#include "model/dsv4/hooks.h"
+#include "model/dsv4/shard.h"
+#include "model/dsv4/step.h"
 
 namespace dsv4::model {
 
@@ -44,28 +43,21 @@ enum class NumericMode { kExact, kProduction };
 
 struct ModelOptions {
   NumericMode mode = NumericMode::kExact;
-  int num_threads = 2;  // CPU worker threads used inside the big GEMVs
-  // Tensor parallelism (docs/tensor-parallel.md): this rank's communicator, or null for world 1. With world > 1
-  // the model loads only this rank's shard (heads, experts, shared-expert slice, vocabulary rows), the forward
-  // all-reduces after attention and after the MoE and gathers the logits; config() stays the full model's.
-  comm::Communicator* tp_comm = nullptr;
+  // The compute backend (required); it must outlive the model.
+  kernels::Backend* backend = nullptr;
+  // Tensor parallelism (docs/tensor-parallel.md): which shard to load, and the group's collectives (required when
+  // shard.world > 1). The forward all-reduces after attention and after the MoE and gathers the logits;
+  // config() stays the full model's.
+  ShardSpec shard = {};
+  Collectives* collectives = nullptr;
+  // Decode time by phase (hooks.h); null = no timing and no cost. Must outlive its use; same thread as Forward.
+  PhaseHook* phase_hook = nullptr;
+  // The largest step the caller will run (tokens over all chunks) and the longest sequence (positions): the step
+  // workspace and block-table arrays are planned for them at AllocateCache; larger steps are refused.
+  int64_t max_step_tokens = 2048;
+  int64_t max_context = 8192;
   // Called by Load after each main layer's weights are in memory (progress lines on long loads); may be empty.
   std::function<void(int layers_loaded, int layers_total)> on_layer_loaded = nullptr;
-};
-
-enum class KvPool { kWindow = 0, kCompressed4 = 1, kCompressed128 = 2, kIndexer = 3 };
-inline constexpr int kNumKvPools = 4;
-
-struct SeqBlockTables {
-  std::array<std::vector<int32_t>, kNumKvPools> pages;  // indexed by static_cast<int>(KvPool)
-  int32_t state_slot = -1;                               // compressor/indexer state slot of this sequence
-};
-
-// One sequence's tokens for this step: positions start_pos .. start_pos + tokens.size() - 1.
-struct SeqChunk {
-  const SeqBlockTables* tables = nullptr;
-  std::span<const int32_t> tokens;
-  int32_t start_pos = 0;
 };
 
 class Dsv4Model {
@@ -82,8 +74,9 @@ class Dsv4Model {
   // Rows of the pool a sequence of num_positions tokens uses (window: always sliding_window once it has a token).
   static int64_t RowsNeeded(const Config& config, KvPool pool, int64_t num_positions);
 
-  // Allocates every pool (pages_per_pool[pool] pages of page_rows rows) and max_state_slots state slots.
-  // May be called again to resize; all cached data is dropped.
+  // Allocates every pool (pages_per_pool[pool] pages of page_rows rows), max_state_slots state slots and the
+  // step workspace (steps of up to max_state_slots chunks and ModelOptions::max_step_tokens tokens), and sizes the
+  // backend's op scratch. May be called again to resize; all cached data is dropped.
   absl::Status AllocateCache(std::array<int64_t, kNumKvPools> pages_per_pool, int page_rows, int max_state_slots);
   // Fresh compressor/indexer state for a new sequence in this slot.
   absl::Status ResetState(int32_t state_slot);
@@ -94,10 +87,9 @@ class Dsv4Model {
   // Same, but returns the logits of every token of every chunk, chunk-major ([sum of tokens, vocab_size]).
   absl::Status ForwardAllLogits(std::span<const SeqChunk> chunks, std::vector<float>* logits);
 
-  // Decode time by phase (metrics/phase_timer.h): the forward marks Begin(phase) around attention, MoE, dense
-  // (projections, norms, head) and comm (tensor-parallel collectives); the caller owns BeginStep/EndStep.
-  // Null (the default) = no timing and no cost. The timer must outlive its use; same thread as Forward.
-  void SetPhaseTimer(metrics::PhaseTimer* timer);
+  // Decode time by phase (hooks.h): replaces ModelOptions::phase_hook (null = none). The forward marks
+  // attention, MoE, dense (projections, norms, head) and comm (collectives); the caller owns step boundaries.
+  void SetPhaseHook(PhaseHook* hook);
 
   struct Impl;  // opaque; model/dsv4/forward.h defines it for the sublayer files
 

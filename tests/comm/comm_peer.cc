@@ -33,7 +33,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_communicator.h"
-#include "comm/lockstep.h"
+#include "worker/lockstep.h"
 #include "common/float_formats.h"
 #include "tests/comm/fake_executor.h"
 
@@ -235,13 +235,13 @@ int LeaderStep(Communicator& comm, worker::ModelExecutor& leader, const worker::
 int RunLockstep(Communicator& comm, const std::string& mode, int heartbeat_ms, int limit_s) {
   if (comm.rank() != 0) {
     testing::FakeShardExecutor local(&comm);
-    const absl::Status s = RunFollower(comm, local);
+    const absl::Status s = worker::RunFollower(comm, local);
     std::printf("rank %d follower: %s forwards=%d calls=%016llx\n", comm.rank(), s.ToString().c_str(),
                 local.forwards(), static_cast<unsigned long long>(local.hash()));
     return s.ok() ? 0 : 3;
   }
   std::atomic<bool> failed{false};
-  LockstepOptions options;
+  worker::LockstepOptions options;
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.on_failure = [&](const absl::Status& s) {
     std::printf("rank 0 NOT_SERVING: %s\n", s.ToString().c_str());
@@ -249,7 +249,7 @@ int RunLockstep(Communicator& comm, const std::string& mode, int heartbeat_ms, i
   };
   auto owned = std::make_unique<testing::FakeShardExecutor>(&comm);
   testing::FakeShardExecutor* fake = owned.get();
-  LockstepLeader leader(std::move(owned), &comm, options);
+  worker::LockstepLeader leader(std::move(owned), &comm, options);
   worker::BlockTables tables[2];
   tables[0].state_slot = 0;
   tables[0].pages = {std::vector<int32_t>{1, 2}, {3}, {}, {4}};

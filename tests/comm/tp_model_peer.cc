@@ -2,12 +2,12 @@
 //
 //   tp_model_peer --rank=R --world=W --store=127.0.0.1:PORT --checkpoint=DIR --prompt=FILE --max_new=8 --out=PREFIX
 //
-// Every rank loads only its shard (Dsv4Model with ModelOptions::tp_comm) and runs the same greedy generation
+// Every rank loads only its shard (Dsv4Model with ModelOptions::shard + the worker's collectives) and runs the same greedy generation
 // (chunked prefill of the prompt, then max_new decode steps) in lock-step; rank 0 writes PREFIX.logits.npy (every
 // position's logits) and PREFIX.tokens (the generated ids) for the test to compare across world sizes.
 // World 1 runs without a communicator (the unsharded model). Exit codes: 0 ok, 2 bad input, 3 failure.
 //
-// --lockstep: the way a worker group runs. Rank 0 drives the model through a worker::ModelExecutor wrapped in a
+// --lockstep: the way a worker group runs. Rank 0 drives the worker's executor (LoadDsv4Executor) wrapped in a
 // LockstepLeader (every call broadcast as a StepPlan); the other ranks only run RunFollower. Rank 0 writes the
 // last-token logits of each step (prefill chunk ends, then each decode step) and PREFIX.positions with their
 // positions.
@@ -21,10 +21,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "comm/gloo_communicator.h"
-#include "comm/lockstep.h"
-#include "comm/shard.h"
 #include "common/logging.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "model/dsv4/model.h"
+#include "worker/dsv4_executor.h"
+#include "worker/lockstep.h"
+#include "worker/model_hooks.h"
 #include "tools/generate/npy.h"
 #include "tools/generate/runner.h"
 
@@ -43,43 +45,10 @@ namespace {
 using dsv4::worker::BlockTables;
 using dsv4::worker::SeqChunk;
 
-// The worker's executor interface over Dsv4Model (what worker/dsv4_executor.cc does), for the lock-step run.
-class ModelAdapter final : public dsv4::worker::ModelExecutor {
- public:
-  explicit ModelAdapter(dsv4::model::Dsv4Model* m) : m_(m) { info_.vocab_size = static_cast<int>(m->config().vocab_size); }
-  const dsv4::worker::ModelInfo& info() const override { return info_; }
-  int64_t PageBytes(dsv4::worker::Pool p, int rows) const override {
-    return m_->PageBytes(static_cast<dsv4::model::KvPool>(p), rows);
-  }
-  int64_t RowsNeeded(dsv4::worker::Pool p, int64_t n) const override {
-    return dsv4::model::Dsv4Model::RowsNeeded(m_->config(), static_cast<dsv4::model::KvPool>(p), n);
-  }
-  absl::Status AllocateCache(const std::array<int64_t, 4>& pages, int rows, int slots) override {
-    return m_->AllocateCache(pages, rows, slots);
-  }
-  absl::Status ResetState(int32_t slot) override { return m_->ResetState(slot); }
-  absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override {
-    tables_.resize(chunks.size());
-    mc_.resize(chunks.size());
-    for (size_t i = 0; i < chunks.size(); ++i) {
-      tables_[i].pages = chunks[i].tables->pages;
-      tables_[i].state_slot = chunks[i].tables->state_slot;
-      mc_[i] = {.tables = &tables_[i], .tokens = chunks[i].tokens, .start_pos = chunks[i].start_pos};
-    }
-    return m_->Forward(mc_, logits);
-  }
-
- private:
-  dsv4::model::Dsv4Model* m_;
-  dsv4::worker::ModelInfo info_;
-  std::vector<dsv4::model::SeqBlockTables> tables_;
-  std::vector<dsv4::model::SeqChunk> mc_;
-};
-
 // Rank 0 of a lock-step group: greedy generation through the executor interface only.
-int LeadLockstep(dsv4::comm::Communicator* comm, dsv4::model::Dsv4Model* model, const std::vector<int32_t>& prompt,
-                 int max_new, int chunk, const std::string& out) {
-  dsv4::comm::LockstepLeader lead(std::make_unique<ModelAdapter>(model), comm, {});
+int LeadLockstep(dsv4::comm::Communicator* comm, std::unique_ptr<dsv4::worker::ModelExecutor> local,
+                 const std::vector<int32_t>& prompt, int max_new, int chunk, const std::string& out) {
+  dsv4::worker::LockstepLeader lead(std::move(local), comm, {});
   const int page_rows = 64, V = lead.info().vocab_size;
   const int64_t max_len = static_cast<int64_t>(prompt.size()) + max_new;
   BlockTables tables;
@@ -147,33 +116,55 @@ int Run() {
     }
     comm = std::move(*c);
   }
-  dsv4::model::ModelOptions options{.mode = dsv4::model::NumericMode::kExact, .num_threads = 1,
-                                    .tp_comm = comm.get()};
+  const int max_new = absl::GetFlag(FLAGS_max_new);
+  const int64_t max_len = static_cast<int64_t>(prompt.size()) + max_new;
+  const int chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  if (absl::GetFlag(FLAGS_lockstep) && world > 1) {
+    // The way a worker group runs: the worker's own executor (backend + model + collectives) on every rank.
+    auto local = dsv4::worker::LoadDsv4Executor({.checkpoint = absl::GetFlag(FLAGS_checkpoint), .threads = 1,
+                                                 .max_step_tokens = chunk, .max_context = max_len,
+                                                 .tp_comm = comm.get()});
+    if (!local.ok()) {
+      std::printf("rank %d LOAD ERROR: %s\n", rank, local.status().ToString().c_str());
+      return 3;
+    }
+    std::printf("rank %d of %d loaded: resident %lld MiB\n", rank, world,
+                static_cast<long long>(dsv4::model::ResidentBytes() >> 20));
+    if (rank == 0) return LeadLockstep(comm.get(), std::move(*local), prompt, max_new, chunk, absl::GetFlag(FLAGS_out));
+    const absl::Status s = dsv4::worker::RunFollower(*comm, **local);
+    std::printf("rank %d follower: %s\n", rank, s.ToString().c_str());
+    return s.ok() ? 0 : 3;
+  }
+  // The model alone, each rank with its shard and the worker's collectives adapter.
+  std::unique_ptr<dsv4::kernels::Backend> backend = dsv4::kernels::cpu::MakeCpuBackend(1);
+  std::unique_ptr<dsv4::worker::CommCollectives> collectives;
+  dsv4::model::ModelOptions options{.mode = dsv4::model::NumericMode::kExact, .backend = backend.get(),
+                                    .max_step_tokens = chunk, .max_context = max_len};
+  if (comm != nullptr) {
+    auto config = dsv4::LoadConfig(absl::GetFlag(FLAGS_checkpoint));
+    auto layout = config.ok() ? dsv4::model::PlanShardLayout(*config, {rank, world})
+                              : absl::StatusOr<dsv4::model::ShardLayout>(config.status());
+    if (!layout.ok()) {
+      std::printf("rank %d LAYOUT ERROR: %s\n", rank, layout.status().ToString().c_str());
+      return 3;
+    }
+    collectives = std::make_unique<dsv4::worker::CommCollectives>(comm.get(), *layout);
+    options.shard = {rank, world};
+    options.collectives = collectives.get();
+  }
   auto model = dsv4::model::Dsv4Model::Load(absl::GetFlag(FLAGS_checkpoint), options);
   if (!model.ok()) {
     std::printf("rank %d LOAD ERROR: %s\n", rank, model.status().ToString().c_str());
     return 3;
   }
   std::printf("rank %d of %d loaded: resident %lld MiB\n", rank, world,
-              static_cast<long long>(dsv4::comm::ResidentBytes() >> 20));
-  const int max_new = absl::GetFlag(FLAGS_max_new);
-  if (absl::GetFlag(FLAGS_lockstep) && world > 1) {
-    if (rank == 0) {
-      return LeadLockstep(comm.get(), model->get(), prompt, max_new, absl::GetFlag(FLAGS_prefill_chunk),
-                          absl::GetFlag(FLAGS_out));
-    }
-    ModelAdapter adapter(model->get());
-    const absl::Status s = dsv4::comm::RunFollower(*comm, adapter);
-    std::printf("rank %d follower: %s\n", rank, s.ToString().c_str());
-    return s.ok() ? 0 : 3;
-  }
-  auto plan = dsv4::generate::AllocateSequences(**model, 1, static_cast<int64_t>(prompt.size()) + max_new);
+              static_cast<long long>(dsv4::model::ResidentBytes() >> 20));
+  auto plan = dsv4::generate::AllocateSequences(**model, 1, max_len);
   if (!plan.ok()) {
     std::printf("rank %d ALLOCATE ERROR: %s\n", rank, plan.status().ToString().c_str());
     return 3;
   }
-  auto gen = dsv4::generate::Greedy(**model, plan->tables[0], prompt, max_new, absl::GetFlag(FLAGS_prefill_chunk),
-                                    /*keep_logits=*/true);
+  auto gen = dsv4::generate::Greedy(**model, plan->tables[0], prompt, max_new, chunk, /*keep_logits=*/true);
   if (!gen.ok()) {
     std::printf("rank %d FORWARD ERROR: %s\n", rank, gen.status().ToString().c_str());
     return 3;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "tools/make_checkpoint/generator.h"
 
 namespace dsv4::model::testing {
@@ -44,11 +45,17 @@ const std::string& TinyCheckpoint() {
   return ckpt.dir;
 }
 
+kernels::Backend& TestBackend() {
+  static std::unique_ptr<kernels::Backend> backend = kernels::cpu::MakeCpuBackend(2);
+  return *backend;
+}
+
 Dsv4Model& TinyModel(NumericMode mode) {
+  kernels::Backend& backend = TestBackend();  // constructed first so it outlives the cached models
   static std::map<NumericMode, std::unique_ptr<Dsv4Model>> models;
   auto& m = models[mode];
   if (!m) {
-    auto loaded = Dsv4Model::Load(TinyCheckpoint(), {.mode = mode, .num_threads = 2});
+    auto loaded = Dsv4Model::Load(TinyCheckpoint(), {.mode = mode, .backend = &backend});
     if (!loaded.ok()) {
       ADD_FAILURE() << "loading the tiny model: " << loaded.status();
       std::abort();

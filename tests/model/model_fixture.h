@@ -12,6 +12,8 @@ namespace dsv4::model::testing {
 
 // Folder of the generated tiny checkpoint (created on first use, removed at exit).
 const std::string& TinyCheckpoint();
+// The CPU backend the test models run on (2 threads).
+kernels::Backend& TestBackend();
 // A model loaded from it (cached per mode).
 Dsv4Model& TinyModel(NumericMode mode);
 // The source tree (DSV4_SOURCE_DIR, set by ctest).

@@ -1,6 +1,6 @@
 // Every rule of ValidateGenerateRequest: a valid request passes, and each bad field gets INVALID_ARGUMENT
 // whose message names the field and the limit.
-#include "common/request_validation.h"
+#include "proto/request_validation.h"
 
 #include <cmath>
 #include <limits>

@@ -1,7 +1,7 @@
 // dsv4-generate: runs the DeepSeek-V4 model in one process (no gRPC, no engine): prefill a prompt of token
 // ids, decode greedily, print the tokens and tokens/s, optionally dump every position's logits as .npy.
 //   dsv4-generate --checkpoint DIR --prompt-ids 1,2,3 --max-new-tokens N [--mode exact|production]
-//                 [--dump-logits FILE] [--prefill-chunk N] [--threads N]
+//                 [--dump-logits FILE] [--prefill-chunk N] [--backend cpu|cuda] [--threads N]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "kernels/backend_factory.h"
 #include "tools/generate/npy.h"
 #include "tools/generate/runner.h"
 
@@ -22,7 +23,8 @@ ABSL_FLAG(int, max_new_tokens, 16, "tokens to generate greedily");
 ABSL_FLAG(std::string, mode, "exact", "numeric mode: exact (fp32, transformers) or production (FP8 KV, FP4 indexer)");
 ABSL_FLAG(std::string, dump_logits, "", "write float32 logits of every position [rows, vocab] to this .npy");
 ABSL_FLAG(int, prefill_chunk, 0, "prefill chunk size (0: the whole prompt in one chunk)");
-ABSL_FLAG(int, threads, 2, "CPU threads");
+ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu | cuda");
+ABSL_FLAG(int, threads, 2, "CPU threads (cpu backend)");
 
 namespace {
 
@@ -58,8 +60,10 @@ int main(int argc, char** argv) {
   if (mode == "exact") opts.mode = NumericMode::kExact;
   else if (mode == "production") opts.mode = NumericMode::kProduction;
   else return Fail("--mode must be exact or production, got \"" + mode + "\"");
-  opts.num_threads = absl::GetFlag(FLAGS_threads);
   if (absl::GetFlag(FLAGS_checkpoint).empty()) return Fail("--checkpoint is required");
+  auto backend = dsv4::kernels::MakeBackend({.name = absl::GetFlag(FLAGS_backend), .threads = absl::GetFlag(FLAGS_threads)});
+  if (!backend.ok()) return Fail(backend.status().ToString());
+  opts.backend = backend->get();
   std::vector<int32_t> prompt;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_prompt_ids), ',', absl::SkipWhitespace())) {
     int32_t v;
@@ -70,6 +74,9 @@ int main(int argc, char** argv) {
   const int max_new = absl::GetFlag(FLAGS_max_new_tokens);
   if (max_new < 0) return Fail("--max-new-tokens must be >= 0");
 
+  opts.max_context = static_cast<int64_t>(prompt.size()) + max_new;
+  const int chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  opts.max_step_tokens = chunk > 0 ? std::min<int64_t>(chunk, opts.max_context) : opts.max_context;
   auto model = dsv4::model::Dsv4Model::Load(absl::GetFlag(FLAGS_checkpoint), opts);
   if (!model.ok()) return Fail(model.status().ToString());
   auto plan = dsv4::generate::AllocateSequences(**model, 1, static_cast<int64_t>(prompt.size()) + max_new);
@@ -81,8 +88,8 @@ int main(int argc, char** argv) {
   std::printf("generated: %s\n", absl::StrJoin(gen->tokens, ",").c_str());
   std::printf("prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), gen->prefill_seconds,
               prompt.size() / gen->prefill_seconds);
-  std::printf("decode: %d tokens in %.3f s (%.1f tokens/s, mode %s, %d threads)\n", max_new, gen->decode_seconds,
-              max_new > 0 ? max_new / gen->decode_seconds : 0.0, mode.c_str(), opts.num_threads);
+  std::printf("decode: %d tokens in %.3f s (%.1f tokens/s, mode %s, backend %s)\n", max_new, gen->decode_seconds,
+              max_new > 0 ? max_new / gen->decode_seconds : 0.0, mode.c_str(), opts.backend->name().c_str());
   if (!dump.empty()) {
     const int64_t V = (*model)->config().vocab_size;
     auto st = dsv4::npy::WriteF32(dump, gen->logits.data(), {static_cast<int64_t>(gen->logits.size()) / V, V});

@@ -1,5 +1,5 @@
 // See request_validation.h. Messages follow one pattern: "<field> <value> <what is wrong> (<limit>)".
-#include "common/request_validation.h"
+#include "proto/request_validation.h"
 
 #include <cmath>
 #include <cstdint>

@@ -2,7 +2,7 @@
 //
 // The leader's engine keeps calling a ModelExecutor as for world 1; LockstepLeader wraps the leader's own
 // (sharded) executor and, before each state-changing call (AllocateCache, ResetState, Forward), broadcasts it as a
-// StepPlan over the control communicator. Every follower runs RunFollower: receive a plan, apply the same call to
+// comm::StepPlan over the control communicator. Every follower runs RunFollower: receive a plan, apply the same call to
 // its own shard, repeat. The collectives inside the forward then pair up across ranks because every rank makes
 // the same calls in the same order.
 //
@@ -36,40 +36,40 @@
 #include "comm/step_plan.h"
 #include "worker/model_executor.h"
 
-namespace dsv4::comm {
+namespace dsv4::worker {
 
 struct LockstepOptions {
   std::chrono::milliseconds heartbeat_interval{1000};  // must stay well below the control communicator's timeout
   std::function<void(const absl::Status&)> on_failure;  // called once, from whichever thread saw the failure
 };
 
-class LockstepLeader final : public worker::ModelExecutor {
+class LockstepLeader final : public ModelExecutor {
  public:
   // `control` (rank 0 of its group) must outlive this object.
-  LockstepLeader(std::unique_ptr<worker::ModelExecutor> local, Communicator* control, LockstepOptions options);
+  LockstepLeader(std::unique_ptr<ModelExecutor> local, comm::Communicator* control, LockstepOptions options);
   // Stops heartbeats and tells the followers to leave (best effort).
   ~LockstepLeader() override;
 
-  const worker::ModelInfo& info() const override { return local_->info(); }
-  int64_t PageBytes(worker::Pool pool, int page_rows) const override { return local_->PageBytes(pool, page_rows); }
-  int64_t RowsNeeded(worker::Pool pool, int64_t n) const override { return local_->RowsNeeded(pool, n); }
-  absl::Status AllocateCache(const std::array<int64_t, worker::kNumPools>& pages_per_pool, int page_rows,
+  const ModelInfo& info() const override { return local_->info(); }
+  int64_t PageBytes(Pool pool, int page_rows) const override { return local_->PageBytes(pool, page_rows); }
+  int64_t RowsNeeded(Pool pool, int64_t n) const override { return local_->RowsNeeded(pool, n); }
+  absl::Status AllocateCache(const std::array<int64_t, kNumPools>& pages_per_pool, int page_rows,
                              int max_state_slots) override;
   absl::Status ResetState(int32_t state_slot) override;
-  absl::Status Forward(std::span<const worker::SeqChunk> chunks, float* logits) override;
+  absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override;
 
   // OK while the group is healthy; the first failure afterwards.
   absl::Status health() const;
 
  private:
   // Broadcasts `plan` (stamped with the next seq); caller holds mu_.
-  absl::Status SendLocked(StepPlan& plan);
+  absl::Status SendLocked(comm::StepPlan& plan);
   // Records the failure (first one wins) and notifies on_failure once; returns it.
   absl::Status Broken(const absl::Status& s);
   void HeartbeatLoop();
 
-  std::unique_ptr<worker::ModelExecutor> local_;
-  Communicator* control_;
+  std::unique_ptr<ModelExecutor> local_;
+  comm::Communicator* control_;
   const LockstepOptions options_;
   mutable std::mutex mu_;  // one plan + its local work at a time
   std::condition_variable cv_;
@@ -83,6 +83,6 @@ class LockstepLeader final : public worker::ModelExecutor {
 // Follower side: applies the leader's plans to `local` until a shutdown plan (OK) or a failure (the
 // communicator's UNAVAILABLE when the leader is gone, or the local executor's error). `control` is this rank's
 // control communicator (rank >= 1).
-absl::Status RunFollower(Communicator& control, worker::ModelExecutor& local);
+absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local);
 
-}  // namespace dsv4::comm
+}  // namespace dsv4::worker

@@ -1,25 +1,33 @@
-// Tensor-parallel sharding: the layout for the real Flash dimensions and refusals, sharded linear loading from a
-// real checkpoint in every weight format (the shards put together are exactly the full dequantised matrix), the
+// Tensor-parallel sharding (model/dsv4/shard.h): the layout for the real Flash dimensions and refusals, reading a
+// rank's block of a linear from a real checkpoint in every weight format (kept in its format on block boundaries,
+// dequantised off them; either way the blocks put together are exactly the full dequantised matrix), and the
 // algebra the group relies on (partial outputs of the head-split attention projection, the expert-parallel MoE and
-// the split shared expert sum to the unsharded result), and the vocabulary gather over a 3-rank Gloo group.
+// the split shared expert sum to the unsharded result). The vocabulary gather is tested with the worker's
+// collectives adapter (tests/worker/model_hooks_test.cc).
+#include <stdlib.h>
+
 #include <cmath>
 #include <filesystem>
 #include <random>
 #include <thread>
 
-#include "comm/gloo_communicator.h"
-#include "comm/shard.h"
-#include "comm/tcp_store.h"
 #include "gmock/gmock.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "gtest/gtest.h"
 #include "model/checkpoint/quantize.h"
 #include "model/checkpoint/safetensors_writer.h"
-#include "tests/comm/subprocess.h"
+#include "model/dsv4/shard.h"
+#include "common/status_macros.h"
 
-namespace dsv4::comm {
+namespace dsv4::model {
 namespace {
 
 using ::testing::HasSubstr;
+
+std::string MakeTempDir(const std::string& tag) {
+  std::string templ = (std::filesystem::temp_directory_path() / ("dsv4-" + tag + "-XXXXXX")).string();
+  return mkdtemp(templ.data()) != nullptr ? templ : std::string();
+}
 
 Config FlashDims() {
   Config c;  // defaults are DeepSeek-V4-Flash's
@@ -99,6 +107,25 @@ TEST(ShardLayoutTest, RefusesUnevenSplitsNamingTheField) {
   EXPECT_EQ(last->vocab.size, 1);
 }
 
+// The dense fp32 matrix a block read holds, through the CPU backend: Linear of the identity gives W^T row by
+// row exactly (every product is by 1 or 0).
+absl::StatusOr<std::vector<float>> Dense(const ckpt::Checkpoint& ck, const std::string& name, int64_t n, int64_t k,
+                                         Range rows, Range cols) {
+  DSV4_ASSIGN_OR_RETURN(HostLinear h, ReadLinearBlock(ck, name, n, k, rows, cols));
+  static std::unique_ptr<kernels::Backend> be = kernels::cpu::MakeCpuBackend(1);
+  DSV4_ASSIGN_OR_RETURN(kernels::LinearHandle w, be->PrepareLinear(h.view));
+  const int64_t N = rows.size, K = cols.size;
+  DSV4_ASSIGN_OR_RETURN(kernels::Buffer eye, be->Allocate(K * K * 4, kernels::MemoryKind::kWorkspace));
+  DSV4_ASSIGN_OR_RETURN(kernels::Buffer wt, be->Allocate(K * N * 4, kernels::MemoryKind::kWorkspace));
+  for (int64_t i = 0; i < K; ++i) eye.as<float>()[i * K + i] = 1.f;
+  be->ops().Linear({.w = w.get(), .x = {.data = eye.data()}, .y = wt.as<float>(), .t = K});
+  DSV4_RETURN_IF_ERROR(be->Synchronize());
+  std::vector<float> out(N * K);
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t j = 0; j < K; ++j) out[i * K + j] = wt.as<float>()[j * N + i];
+  return out;
+}
+
 std::vector<float> RandomMatrix(int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> d(0.0f, 0.05f);
@@ -108,7 +135,7 @@ std::vector<float> RandomMatrix(int64_t n, int64_t k, uint32_t seed) {
 }
 
 TEST(ShardedLoadTest, ShardsReassembleTheFullMatrixInEveryFormat) {
-  const std::string dir = testing::MakeTempDir("shard");
+  const std::string dir = MakeTempDir("shard");
   const int64_t n = 256, k = 384;
   const uint32_t seed = std::random_device{}();
   const std::vector<std::pair<ckpt::WeightFormat, std::string>> formats = {
@@ -135,8 +162,8 @@ TEST(ShardedLoadTest, ShardsReassembleTheFullMatrixInEveryFormat) {
       std::vector<float> rows_joined, by_cols(n * k);
       for (int r = 0; r < world; ++r) {
         const Range rr{r * n / world, n / world}, cr{r * k / world, k / world};
-        auto rows = LoadLinearRows(**ck, name, n, k, rr);
-        auto cols = LoadLinearCols(**ck, name, n, k, cr);
+        auto rows = Dense(**ck, name, n, k, rr, {0, k});
+        auto cols = Dense(**ck, name, n, k, {0, n}, cr);
         ASSERT_TRUE(rows.ok() && cols.ok()) << name;
         rows_joined.insert(rows_joined.end(), rows->begin(), rows->end());
         for (int64_t i = 0; i < n; ++i) {
@@ -146,7 +173,7 @@ TEST(ShardedLoadTest, ShardsReassembleTheFullMatrixInEveryFormat) {
       EXPECT_EQ(rows_joined, *full) << name << " world " << world << " (row shards)";
       // An interior block (rows and columns both cut mid-way through a 128 block).
       const Range br{70, 100}, bc{33, 200};
-      auto block = LoadLinearBlock(**ck, name, n, k, br, bc);
+      auto block = Dense(**ck, name, n, k, br, bc);
       ASSERT_TRUE(block.ok()) << block.status();
       for (int64_t i = 0; i < br.size; ++i)
         for (int64_t j = 0; j < bc.size; ++j)
@@ -154,9 +181,17 @@ TEST(ShardedLoadTest, ShardsReassembleTheFullMatrixInEveryFormat) {
       EXPECT_EQ(by_cols, *full) << name << " world " << world << " (column shards)";
     }
   }
-  EXPECT_THAT(std::string(LoadLinearRows(**ck, "bf16", n, k, {200, 100}).status().message()),
+  // Whole rows on block boundaries stay in the checkpoint format and point into the mapped file (no copy).
+  auto fp8_rows = ReadLinearBlock(**ck, "fp8", n, k, {128, 128}, {0, k});
+  ASSERT_TRUE(fp8_rows.ok());
+  EXPECT_EQ(fp8_rows->view.format, kernels::WeightFormat::kFp8Block128);
+  EXPECT_TRUE(fp8_rows->owned_data.empty());
+  auto off_blocks = ReadLinearBlock(**ck, "fp8", n, k, {70, 100}, {0, k});
+  ASSERT_TRUE(off_blocks.ok());
+  EXPECT_EQ(off_blocks->view.format, kernels::WeightFormat::kF32);
+  EXPECT_THAT(std::string(ReadLinearBlock(**ck, "bf16", n, k, {200, 100}, {0, k}).status().message()),
               HasSubstr("rows [200, 300) outside [0, 256)"));
-  EXPECT_THAT(std::string(LoadLinearRows(**ck, "bf16", n + 1, k, {0, 1}).status().message()),
+  EXPECT_THAT(std::string(ReadLinearBlock(**ck, "bf16", n + 1, k, {0, 1}, {0, k}).status().message()),
               HasSubstr("expected a [257,384] linear"));
   std::filesystem::remove_all(dir);
 }
@@ -277,48 +312,7 @@ TEST(ShardAlgebraTest, PartialOutputsSumToTheUnshardedResult) {
   }
 }
 
-// Three ranks (threads of this process, real Gloo over loopback) gather a ragged vocabulary split.
-TEST(GatherVocabLogitsTest, ThreeRanksRaggedVocab) {
-  auto server = TcpStoreServer::Start("127.0.0.1", 0);
-  ASSERT_TRUE(server.ok());
-  Config c;
-  c.num_attention_heads = 6;
-  c.o_groups = 3;
-  c.n_routed_experts = 6;
-  c.moe_intermediate_size = 6;
-  c.n_shared_experts = 1;
-  c.vocab_size = 10;  // slots of 4: ranks hold 4, 4, 2
-  const int64_t rows = 2, V = 10;
-  std::vector<float> want(rows * V);
-  std::mt19937 rng(std::random_device{}());
-  for (auto& v : want) v = std::uniform_real_distribution<float>(-5, 5)(rng);
-  std::vector<std::vector<float>> got(3, std::vector<float>(rows * V, NAN));
-  absl::Status status[3];
-  auto run = [&](int rank) {
-    GlooOptions o;
-    o.store_addr = (*server)->Address();
-    auto comm = GlooCommunicator::Create(rank, 3, o);
-    auto l = PlanShardLayout(c, {rank, 3});
-    if (!comm.ok() || !l.ok()) {
-      status[rank] = comm.ok() ? l.status() : comm.status();
-      return;
-    }
-    std::vector<float> local(rows * l->vocab.size);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t v = 0; v < l->vocab.size; ++v) local[r * l->vocab.size + v] = want[r * V + l->vocab.begin + v];
-    status[rank] = GatherVocabLogits(**comm, *l, local.data(), rows, V, got[rank].data());
-  };
-  std::thread t0(run, 0), t1(run, 1), t2(run, 2);
-  t0.join();
-  t1.join();
-  t2.join();
-  for (int r = 0; r < 3; ++r) {
-    ASSERT_TRUE(status[r].ok()) << status[r];
-    EXPECT_EQ(got[r], want) << "rank " << r;
-  }
-}
-
 TEST(ResidentBytesTest, ReportsThisProcess) { EXPECT_GT(ResidentBytes(), 1 << 20); }
 
 }  // namespace
-}  // namespace dsv4::comm
+}  // namespace dsv4::model

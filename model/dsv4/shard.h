@@ -14,9 +14,9 @@
 //   LM head            vocabulary rows [r·Vp, min(V, (r+1)·Vp)), Vp = ceil(V/T); logits all-gathered
 //   replicated         embed, norms, mHC, wq_a, wkv (the latent KV is shared by all heads, MQA), compressor,
 //                      indexer (its top-k must see all index heads' scores), router, KV caches
-// Model code stays unaware: a loader builds the rank's weights with LoadLinearRows/Cols and the Config seen by
-// the forward carries the local head and group counts; only the two all-reduces and the logits gather are
-// communicator calls.
+// Model code stays unaware: the loader (weights.cc) reads the rank's weights with ReadLinearBlock and the Config
+// seen by the forward carries the local head and group counts; only the two all-reduces and the logits gather
+// are collective calls (model/dsv4/hooks.h).
 #pragma once
 
 #include <cstdint>
@@ -26,11 +26,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "comm/communicator.h"
+#include "kernels/weights.h"
 #include "model/checkpoint/checkpoint.h"
 #include "model/config/config.h"
 
-namespace dsv4::comm {
+namespace dsv4::model {
 
 struct ShardSpec {
   int rank = 0;
@@ -59,24 +59,19 @@ struct ShardLayout {
 // the other, or when vocab_size < world.
 absl::StatusOr<ShardLayout> PlanShardLayout(const Config& config, ShardSpec spec);
 
-// Rows [rows.begin, rows.end()) and columns [cols.begin, cols.end()) of linear `base` (logical [n, k]) in fp32:
-// [rows.size, cols.size]. Touches only those elements' bytes (and their scale blocks) of the mapped checkpoint.
-absl::StatusOr<std::vector<float>> LoadLinearBlock(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,
-                                                   int64_t k, Range rows, Range cols);
-// Rows [rows.begin, rows.end()) of linear `base` (logical [n, k]), all columns, dequantised to fp32: [rows.size, k].
-// Touches only those rows' bytes (and their scale blocks) of the mapped checkpoint.
-absl::StatusOr<std::vector<float>> LoadLinearRows(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,
-                                                  int64_t k, Range rows);
-// Columns [cols.begin, cols.end()) of every row: [n, cols.size].
-absl::StatusOr<std::vector<float>> LoadLinearCols(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,
-                                                  int64_t k, Range cols);
-
-// full[R, V] on every rank <- the ranks' local[R, layout.vocab.size] logits (AllGather of vocab_slot-wide
-// blocks, then reassembled in vocabulary order). `comm` must be a host communicator.
-absl::Status GatherVocabLogits(Communicator& comm, const ShardLayout& layout, const float* local, int64_t rows,
-                               int64_t vocab_size, float* full);
+// A linear weight as host bytes in its checkpoint format (kernels/weights.h's WeightView), all of it or the
+// block rows x cols of it. The view points into the mapped checkpoint where the block is contiguous (all of it,
+// or whole rows), into `owned_*` where the block had to be copied out (a column slice on block boundaries), and
+// to a dequantised F32 copy where the block does not fall on the format's block boundaries.
+struct HostLinear {
+  kernels::WeightView view;
+  std::vector<uint8_t> owned_data, owned_scale;
+};
+absl::StatusOr<HostLinear> ReadLinearBlock(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n, int64_t k,
+                                           Range rows, Range cols);
+absl::StatusOr<HostLinear> ReadLinear(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n, int64_t k);
 
 // Resident set size of this process in bytes (VmRSS), for the per-rank memory log after loading; -1 if unknown.
 int64_t ResidentBytes();
 
-}  // namespace dsv4::comm
+}  // namespace dsv4::model

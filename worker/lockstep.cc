@@ -1,5 +1,5 @@
 // LockstepLeader and RunFollower: see lockstep.h.
-#include "comm/lockstep.h"
+#include "worker/lockstep.h"
 
 #include <vector>
 
@@ -7,7 +7,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 
-namespace dsv4::comm {
+namespace dsv4::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -16,11 +16,11 @@ using Clock = std::chrono::steady_clock;
 // (every rank refuses the same input the same way and stays in step).
 bool IsCommFailure(const absl::Status& s) { return s.code() == absl::StatusCode::kUnavailable; }
 
-void FillChunk(const worker::SeqChunk& in, PlanChunk* out) {
+void FillChunk(const SeqChunk& in, comm::PlanChunk* out) {
   out->set_state_slot(in.tables->state_slot);
   out->set_start_pos(in.start_pos);
   out->mutable_tokens()->Add(in.tokens.begin(), in.tokens.end());
-  for (int p = 0; p < worker::kNumPools; ++p) {
+  for (int p = 0; p < kNumPools; ++p) {
     const auto& pages = in.tables->pages[p];
     out->add_pools()->mutable_pages()->Add(pages.begin(), pages.end());
   }
@@ -28,7 +28,7 @@ void FillChunk(const worker::SeqChunk& in, PlanChunk* out) {
 
 }  // namespace
 
-LockstepLeader::LockstepLeader(std::unique_ptr<worker::ModelExecutor> local, Communicator* control,
+LockstepLeader::LockstepLeader(std::unique_ptr<ModelExecutor> local, comm::Communicator* control,
                                LockstepOptions options)
     : local_(std::move(local)), control_(control), options_(std::move(options)), last_send_(Clock::now()) {
   heartbeat_ = std::thread([this] { HeartbeatLoop(); });
@@ -43,7 +43,7 @@ LockstepLeader::~LockstepLeader() {
   heartbeat_.join();
   std::lock_guard<std::mutex> lock(mu_);
   if (broken_.ok()) {
-    StepPlan plan;
+    comm::StepPlan plan;
     plan.mutable_shutdown()->set_reason("leader shutting down");
     const absl::Status s = SendLocked(plan);
     if (!s.ok()) DSV4_LOG_WARN("lockstep: could not tell followers to shut down: {}", s.ToString());
@@ -64,19 +64,19 @@ absl::Status LockstepLeader::Broken(const absl::Status& s) {
   return broken_;
 }
 
-absl::Status LockstepLeader::SendLocked(StepPlan& plan) {
+absl::Status LockstepLeader::SendLocked(comm::StepPlan& plan) {
   if (!broken_.ok()) return broken_;
   plan.set_seq(++seq_);
-  const absl::Status s = BroadcastStepPlan(*control_, &plan, 0);
+  const absl::Status s = comm::BroadcastStepPlan(*control_, &plan, 0);
   last_send_ = Clock::now();
   if (!s.ok()) return IsCommFailure(s) ? Broken(s) : s;
   return absl::OkStatus();
 }
 
-absl::Status LockstepLeader::AllocateCache(const std::array<int64_t, worker::kNumPools>& pages_per_pool,
+absl::Status LockstepLeader::AllocateCache(const std::array<int64_t, kNumPools>& pages_per_pool,
                                            int page_rows, int max_state_slots) {
   std::lock_guard<std::mutex> lock(mu_);
-  StepPlan plan;
+  comm::StepPlan plan;
   auto* op = plan.mutable_allocate_cache();
   op->mutable_pages_per_pool()->Add(pages_per_pool.begin(), pages_per_pool.end());
   op->set_page_rows(page_rows);
@@ -88,21 +88,21 @@ absl::Status LockstepLeader::AllocateCache(const std::array<int64_t, worker::kNu
 
 absl::Status LockstepLeader::ResetState(int32_t state_slot) {
   std::lock_guard<std::mutex> lock(mu_);
-  StepPlan plan;
+  comm::StepPlan plan;
   plan.mutable_reset_state()->set_state_slot(state_slot);
   DSV4_RETURN_IF_ERROR(SendLocked(plan));
   const absl::Status s = local_->ResetState(state_slot);
   return IsCommFailure(s) ? Broken(s) : s;
 }
 
-absl::Status LockstepLeader::Forward(std::span<const worker::SeqChunk> chunks, float* logits) {
+absl::Status LockstepLeader::Forward(std::span<const SeqChunk> chunks, float* logits) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   // Refuse here what could not be serialised; the model validates the rest identically on every rank.
   for (size_t i = 0; i < chunks.size(); ++i) {
     if (chunks[i].tables == nullptr) return absl::InvalidArgumentError(absl::StrCat("chunk ", i, ": tables is null"));
   }
-  StepPlan plan;
+  comm::StepPlan plan;
   for (const auto& c : chunks) FillChunk(c, plan.mutable_forward()->add_chunks());
   DSV4_RETURN_IF_ERROR(SendLocked(plan));
   const absl::Status s = local_->Forward(chunks, logits);
@@ -121,7 +121,7 @@ void LockstepLeader::HeartbeatLoop() {
       cv_.wait(lock, [&] { return stop_; });
       break;
     }
-    StepPlan plan;
+    comm::StepPlan plan;
     plan.mutable_heartbeat();
     absl::Status s = SendLocked(plan);
     // The barrier makes a hung (not just dead) follower visible at the communicator's deadline.
@@ -132,16 +132,16 @@ void LockstepLeader::HeartbeatLoop() {
   }
 }
 
-absl::Status RunFollower(Communicator& control, worker::ModelExecutor& local) {
+absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local) {
   if (control.rank() == 0) return absl::InvalidArgumentError("RunFollower runs on ranks >= 1");
   uint64_t expect = 1;
-  std::vector<worker::BlockTables> tables;
-  std::vector<worker::SeqChunk> chunks;
+  std::vector<BlockTables> tables;
+  std::vector<SeqChunk> chunks;
   std::vector<float> logits;
   const int64_t vocab = local.info().vocab_size;
   while (true) {
-    StepPlan plan;
-    DSV4_RETURN_IF_ERROR(BroadcastStepPlan(control, &plan, 0));
+    comm::StepPlan plan;
+    DSV4_RETURN_IF_ERROR(comm::BroadcastStepPlan(control, &plan, 0));
     if (plan.seq() != expect) {
       return absl::DataLossError(absl::StrCat("rank ", control.rank(), ": step plan ", plan.seq(), " after ",
                                               expect - 1, " (lost lock-step)"));
@@ -149,29 +149,29 @@ absl::Status RunFollower(Communicator& control, worker::ModelExecutor& local) {
     ++expect;
     absl::Status s;
     switch (plan.op_case()) {
-      case StepPlan::kShutdown:
+      case comm::StepPlan::kShutdown:
         DSV4_LOG_INFO("lockstep: leader shut down ({})", plan.shutdown().reason());
         return absl::OkStatus();
-      case StepPlan::kHeartbeat:
+      case comm::StepPlan::kHeartbeat:
         DSV4_RETURN_IF_ERROR(control.Barrier());
         continue;
-      case StepPlan::kResetState:
+      case comm::StepPlan::kResetState:
         s = local.ResetState(plan.reset_state().state_slot());
         break;
-      case StepPlan::kAllocateCache: {
+      case comm::StepPlan::kAllocateCache: {
         const auto& op = plan.allocate_cache();
-        std::array<int64_t, worker::kNumPools> pages{};
-        for (int p = 0; p < worker::kNumPools; ++p) pages[p] = op.pages_per_pool(p);
+        std::array<int64_t, kNumPools> pages{};
+        for (int p = 0; p < kNumPools; ++p) pages[p] = op.pages_per_pool(p);
         s = local.AllocateCache(pages, op.page_rows(), op.max_state_slots());
         break;
       }
-      case StepPlan::kForward: {
+      case comm::StepPlan::kForward: {
         const auto& op = plan.forward();
         tables.resize(op.chunks_size());
         chunks.resize(op.chunks_size());
         for (int i = 0; i < op.chunks_size(); ++i) {
-          const PlanChunk& c = op.chunks(i);
-          for (int p = 0; p < worker::kNumPools; ++p) {
+          const comm::PlanChunk& c = op.chunks(i);
+          for (int p = 0; p < kNumPools; ++p) {
             tables[i].pages[p].assign(c.pools(p).pages().begin(), c.pools(p).pages().end());
           }
           tables[i].state_slot = c.state_slot();
@@ -182,7 +182,7 @@ absl::Status RunFollower(Communicator& control, worker::ModelExecutor& local) {
         s = local.Forward(chunks, logits.data());
         break;
       }
-      case StepPlan::OP_NOT_SET:
+      case comm::StepPlan::OP_NOT_SET:
         return absl::DataLossError("step plan without an operation");
     }
     // A communicator failure ends the loop. Any other refusal is what the leader's executor returned for the
@@ -192,4 +192,4 @@ absl::Status RunFollower(Communicator& control, worker::ModelExecutor& local) {
   }
 }
 
-}  // namespace dsv4::comm
+}  // namespace dsv4::worker
