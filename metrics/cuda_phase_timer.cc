@@ -12,17 +12,13 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "metrics/phase_timer.h"
 
 namespace dsv4::metrics {
 namespace {
-
-absl::Status CudaStatus(cudaError_t e, const char* what) {
-  if (e == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("phase timer: ", what, ": ", cudaGetErrorString(e)));
-}
 
 // The events of one sampled step, reused across samples.
 struct Sample {
@@ -92,7 +88,8 @@ class CudaPhaseTimerImpl final : public CudaPhaseTimer {
 
   absl::Status Flush() override {
     for (Sample& s : pending_) {
-      DSV4_RETURN_IF_ERROR(CudaStatus(cudaEventSynchronize(s.events[s.used - 1]), "cudaEventSynchronize"));
+      DSV4_RETURN_IF_ERROR(
+          CudaStatus(cudaEventSynchronize(s.events[s.used - 1]), "phase timer: cudaEventSynchronize"));
     }
     Harvest();
     if (failed_) return absl::InternalError("phase timer disabled after a CUDA error (see log)");

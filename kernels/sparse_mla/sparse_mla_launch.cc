@@ -6,17 +6,13 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
 #include "kernels/sparse_mla/sparse_mla_validate.h"
 
 namespace dsv4::kernels::sparse_mla {
 namespace {
-
-absl::Status CudaStatus(cudaError_t err, std::string_view what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(std::string(what), ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")"));
-}
 
 bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
 

@@ -1,0 +1,360 @@
+// The CUDA linear kernels (contract: linear_params.h; host side: linear.cc).
+//
+// FP8 block-128 and BF16 weights go through one tensor-core kernel, "swap AB": the weight rows are the MMA's
+// M dimension (16-row tiles) and the tokens its N dimension (8-token tiles), so a decode step of a few tokens
+// wastes no weight bandwidth on padding rows. Every thread reads its operands straight from global memory into
+// registers, no shared-memory staging: within one 64-wide K step thread (g, q) of a warp (g = lane / 4,
+// q = lane % 4) owns the 16 consecutive K elements [64 s + 16 q, +16) of weight rows g and g + 8 of each tile
+// and of token g of each token tile. A dot product does not care in which order K is summed, so the MMA's
+// logical K slots are simply mapped onto those physical elements, the same for weights and tokens:
+//   MMA k-step j (0..3), slots 2q, 2q+1  <-  elements 4j, 4j+1      slots 2q+8, 2q+9  <-  elements 4j+2, 4j+3
+// which makes every load a 16-byte vector and needs no shuffles. e4m3 -> bf16 is exact (hardware e4m3x2 ->
+// f16x2, then f32, then bf16: 4 significant bits fit), x is rounded to bf16, accumulation is fp32 and the f32
+// block scale multiplies each 64-wide step's partial sum (a 16-row tile never straddles a 128-row scale block).
+//
+// Split K: a block's warps_k warps take every warps_k-th step of the same tiles (decode needs many warps in flight
+// for bandwidth when N is small) and add their partial sums in shared memory in a fixed order: results are
+// deterministic and do not depend on the split.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/linear_params.h"
+
+namespace dsv4::kernels::cuda {
+namespace {
+
+constexpr int kStepK = 64;       // K elements per step (4 threads x 16)
+constexpr int kScaleBlock = 128;
+
+__device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four e4m3 bytes (little-endian) -> two bf16x2 words, exactly (subnormals included).
+__device__ __forceinline__ void E4m3x4ToBf16(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
+  const float2 f0 = __half22float2(__half2(h0));
+  const float2 f1 = __half22float2(__half2(h1));
+  lo = PackBf16x2(f0.x, f0.y);
+  hi = PackBf16x2(f1.x, f1.y);
+}
+
+// Raw 32-bit words one thread loads per weight row per step: 16 e4m3 bytes or 16 bf16 values.
+template <LinearKernelFormat F>
+constexpr int kRawWords = F == LinearKernelFormat::kFp8 ? 4 : 8;
+
+// Loads weight elements [k, k + 16) of one row (zeros past Kin or for a row that does not exist).
+template <LinearKernelFormat F>
+__device__ __forceinline__ void LoadWeights(const LinearParams& p, const void* row, bool row_ok, int64_t k,
+                                            uint32_t (&raw)[kRawWords<F>]) {
+  if (row_ok && p.vec && k + 16 <= p.k) {
+    if constexpr (F == LinearKernelFormat::kFp8) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(row) + k));
+      raw[0] = v.x, raw[1] = v.y, raw[2] = v.z, raw[3] = v.w;
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k);
+      const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
+      raw[0] = v0.x, raw[1] = v0.y, raw[2] = v0.z, raw[3] = v0.w;
+      raw[4] = v1.x, raw[5] = v1.y, raw[6] = v1.z, raw[7] = v1.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int w = 0; w < kRawWords<F>; ++w) raw[w] = 0;
+  if (!row_ok) return;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    if (k + e >= p.k) break;
+    if constexpr (F == LinearKernelFormat::kFp8) {
+      raw[e / 4] |= static_cast<uint32_t>(static_cast<const uint8_t*>(row)[k + e]) << (8 * (e % 4));
+    } else {
+      raw[e / 2] |= static_cast<uint32_t>(static_cast<const uint16_t*>(row)[k + e]) << (16 * (e % 2));
+    }
+  }
+}
+
+// Raw weight words -> the 8 bf16x2 A-operand words of one row: word 2j = elements 4j, 4j+1; 2j+1 = 4j+2, 4j+3.
+template <LinearKernelFormat F>
+__device__ __forceinline__ void WeightsToBf16(const uint32_t (&raw)[kRawWords<F>], uint32_t (&a)[8]) {
+  if constexpr (F == LinearKernelFormat::kFp8) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) E4m3x4ToBf16(raw[j], a[2 * j], a[2 * j + 1]);
+  } else {
+#pragma unroll
+    for (int w = 0; w < 8; ++w) a[w] = raw[w];
+  }
+}
+
+// Token elements [k, k + 16) as 8 bf16x2 B-operand words in the same order (zeros past Kin or past T).
+__device__ __forceinline__ void LoadTokens(const LinearParams& p, int64_t tok, int64_t k, uint32_t (&b)[8]) {
+  if (tok >= p.t) {
+#pragma unroll
+    for (int w = 0; w < 8; ++w) b[w] = 0;
+    return;
+  }
+  const int64_t off = tok * p.x_stride + static_cast<int64_t>(blockIdx.z) * p.k + k;
+  if (p.vec && k + 16 <= p.k) {
+    if (p.x_bf16) {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(p.x) + off);
+      const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
+      b[0] = v0.x, b[1] = v0.y, b[2] = v0.z, b[3] = v0.w, b[4] = v1.x, b[5] = v1.y, b[6] = v1.z, b[7] = v1.w;
+    } else {
+      const float4* src = reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + off);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float4 v = __ldg(src + j);
+        b[2 * j] = PackBf16x2(v.x, v.y);
+        b[2 * j + 1] = PackBf16x2(v.z, v.w);
+      }
+    }
+    return;
+  }
+  float v[16];
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    v[e] = 0.f;
+    if (k + e < p.k) {
+      v[e] = p.x_bf16 ? __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(p.x)[off + e]))
+                      : static_cast<const float*>(p.x)[off + e];
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < 8; ++w) b[w] = PackBf16x2(v[2 * w], v[2 * w + 1]);
+}
+
+template <LinearKernelFormat F, int MW, int NW>
+__global__ void __launch_bounds__(NW == 1 ? 512 : 256) LinearMmaKernel(const LinearParams p) {
+  extern __shared__ float reduce[];  // [warps_m][warps_k - 1][MW*NW*4][32]
+  constexpr int kRaw = kRawWords<F>;
+  constexpr int kAcc = MW * NW * 4;
+  constexpr int64_t kEsize = F == LinearKernelFormat::kFp8 ? 1 : 2;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wk = warp % p.plan.warps_k, wm = warp / p.plan.warps_k;
+  const int g = lane >> 2, q = lane & 3;
+  const int64_t grp = blockIdx.z;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * p.plan.warps_m + wm) * (16 * MW);
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * (8 * NW);
+
+  // Rows row0 + 16 i + g + 8 h of this group (h = 0: "lo", 1: "hi").
+  const void* rows[MW][2];
+  bool row_ok[MW][2];
+#pragma unroll
+  for (int i = 0; i < MW; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row0 + 16 * i + g + 8 * h;
+      row_ok[i][h] = r < p.n;
+      rows[i][h] = static_cast<const uint8_t*>(p.w) + (grp * p.n + (row_ok[i][h] ? r : 0)) * p.k * kEsize;
+    }
+  }
+
+  float acc[MW][NW][4];
+#pragma unroll
+  for (int i = 0; i < MW; ++i)
+#pragma unroll
+    for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][jn][c] = 0.f;
+
+  const int64_t steps = (p.k + kStepK - 1) / kStepK;
+  uint32_t next[MW][2][kRaw];
+  int64_t s = wk;
+  if (s < steps) {
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) LoadWeights<F>(p, rows[i][h], row_ok[i][h], s * kStepK + 16 * q, next[i][h]);
+  }
+  for (; s < steps; s += p.plan.warps_k) {
+    // Convert this step's weights, then issue the next step's loads so they fly during the MMAs.
+    uint32_t a[MW][2][8];
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) WeightsToBf16<F>(next[i][h], a[i][h]);
+    const int64_t k = s * kStepK + 16 * q;
+    if (s + p.plan.warps_k < steps) {
+#pragma unroll
+      for (int i = 0; i < MW; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          LoadWeights<F>(p, rows[i][h], row_ok[i][h], k + p.plan.warps_k * kStepK, next[i][h]);
+    }
+    float part[MW][NW][4];
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) part[i][jn][c] = 0.f;
+#pragma unroll
+    for (int jn = 0; jn < NW; ++jn) {
+      uint32_t b[8];
+      LoadTokens(p, tok0 + 8 * jn + g, k, b);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int i = 0; i < MW; ++i)
+          Mma16816(part[i][jn], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1], b[2 * j],
+                   b[2 * j + 1]);
+    }
+    // Per-row scale of this 64-wide step (1 for BF16), in fp32.
+#pragma unroll
+    for (int i = 0; i < MW; ++i) {
+      float sc[2] = {1.f, 1.f};
+      if constexpr (F == LinearKernelFormat::kFp8) {
+        const int64_t col = (s * kStepK) / kScaleBlock;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int64_t r = grp * p.n + row0 + 16 * i + g + 8 * h;
+          sc[h] = row_ok[i][h] ? __ldg(p.scale + (r / kScaleBlock) * p.scale_cols + col) : 0.f;
+        }
+      }
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn) {
+        acc[i][jn][0] += sc[0] * part[i][jn][0];
+        acc[i][jn][1] += sc[0] * part[i][jn][1];
+        acc[i][jn][2] += sc[1] * part[i][jn][2];
+        acc[i][jn][3] += sc[1] * part[i][jn][3];
+      }
+    }
+  }
+
+  // Split-K reduction: warps 1.. of each K group park their sums, warp 0 adds them in order.
+  const int wks = p.plan.warps_k;
+  if (wks > 1) {
+    if (wk > 0) {
+      float* dst = reduce + static_cast<int64_t>(wm * (wks - 1) + wk - 1) * kAcc * 32 + lane;
+      int v = 0;
+#pragma unroll
+      for (int i = 0; i < MW; ++i)
+#pragma unroll
+        for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) dst[32 * v++] = acc[i][jn][c];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+    for (int w = 1; w < wks; ++w) {
+      const float* src = reduce + static_cast<int64_t>(wm * (wks - 1) + w - 1) * kAcc * 32 + lane;
+      int v = 0;
+#pragma unroll
+      for (int i = 0; i < MW; ++i)
+#pragma unroll
+        for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[i][jn][c] += src[32 * v++];
+    }
+  }
+
+  // Store: c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
+#pragma unroll
+  for (int i = 0; i < MW; ++i) {
+#pragma unroll
+    for (int jn = 0; jn < NW; ++jn) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
+        const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
+        if (r < p.n && t < p.t) p.y[t * p.y_stride + grp * p.n + r] = acc[i][jn][c];
+      }
+    }
+  }
+}
+
+// F32 weights: one warp per output row, 4 tokens at a time, plain fp32 FMAs (x not rounded).
+constexpr int kF32Warps = 8;
+constexpr int kF32Tokens = 4;
+
+__global__ void __launch_bounds__(32 * kF32Warps) LinearF32Kernel(const LinearParams p) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kF32Warps + warp;
+  const int64_t grp = blockIdx.z;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kF32Tokens;
+  if (n >= p.n) return;
+  const float* w = static_cast<const float*>(p.w) + (grp * p.n + n) * p.k;
+  const float* x = static_cast<const float*>(p.x) + grp * p.k;
+  float acc[kF32Tokens] = {};
+  for (int64_t k = lane; k < p.k; k += 32) {
+    const float wv = __ldg(w + k);
+#pragma unroll
+    for (int j = 0; j < kF32Tokens; ++j) {
+      if (t0 + j < p.t) {
+        const float xv = p.x_bf16
+                             ? __bfloat162float(__ushort_as_bfloat16(
+                                   static_cast<const uint16_t*>(p.x)[(t0 + j) * p.x_stride + grp * p.k + k]))
+                             : __ldg(x + (t0 + j) * p.x_stride + k);
+        acc[j] += wv * xv;
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kF32Tokens; ++j) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], o);
+    if (lane == 0 && t0 + j < p.t) p.y[(t0 + j) * p.y_stride + grp * p.n + n] = acc[j];
+  }
+}
+
+template <LinearKernelFormat F, int MW, int NW>
+cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
+  const LinearPlan& pl = p.plan;
+  const int64_t rows_per_block = 16 * MW * pl.warps_m;
+  const dim3 grid(static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)), static_cast<unsigned>(p.groups));
+  const dim3 block(32 * pl.warps_m * pl.warps_k);
+  LinearMmaKernel<F, MW, NW><<<grid, block, internal::LinearSharedBytes(pl), stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <LinearKernelFormat F>
+cudaError_t LaunchMmaFormat(const LinearParams& p, cudaStream_t stream) {
+  const int mw = p.plan.m_tiles, nw = p.plan.n_tiles;
+  if (mw == 1) {
+    if (nw == 1) return LaunchMma<F, 1, 1>(p, stream);
+    if (nw == 2) return LaunchMma<F, 1, 2>(p, stream);
+    return LaunchMma<F, 1, 4>(p, stream);
+  }
+  if (nw == 1) return LaunchMma<F, 2, 1>(p, stream);
+  if (nw == 2) return LaunchMma<F, 2, 2>(p, stream);
+  return LaunchMma<F, 2, 4>(p, stream);
+}
+
+}  // namespace
+
+namespace internal {
+
+int64_t LinearSharedBytes(const LinearPlan& plan) {
+  return int64_t{4} * plan.warps_m * (plan.warps_k - 1) * 32 * plan.m_tiles * plan.n_tiles * 4;
+}
+
+cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream) {
+  switch (p.format) {
+    case LinearKernelFormat::kFp8: return LaunchMmaFormat<LinearKernelFormat::kFp8>(p, stream);
+    case LinearKernelFormat::kBf16: return LaunchMmaFormat<LinearKernelFormat::kBf16>(p, stream);
+    case LinearKernelFormat::kF32: {
+      const dim3 grid(static_cast<unsigned>((p.n + kF32Warps - 1) / kF32Warps),
+                      static_cast<unsigned>((p.t + kF32Tokens - 1) / kF32Tokens), static_cast<unsigned>(p.groups));
+      LinearF32Kernel<<<grid, 32 * kF32Warps, 0, stream>>>(p);
+      return cudaGetLastError();
+    }
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace internal
+}  // namespace dsv4::kernels::cuda
