@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/moe_internal.h"
 
@@ -130,7 +131,9 @@ __device__ __forceinline__ void WarpPairGemm(const uint8_t* codes, const uint8_t
 template <Fp4Kind kKind, bool kUp, int NT>
 __device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const uint8_t* scales, int slot,
                            int list0, int rows, float* red) {
-  constexpr int KB = NT == 1 ? 4 : 2;
+  // Chunks in flight per warp: 4 KB of codes for decode-sized passes; fewer where the activations need the
+  // registers (120 registers at most, so 4 blocks fit an SM).
+  constexpr int KB = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int64_t kdim = kUp ? p.d : p.inter;
@@ -199,7 +202,7 @@ __device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const
 }
 
 template <Fp4Kind kKind, bool kUp>
-__global__ void __launch_bounds__(kGemmWarps * 32) ExpertGemmKernel(MoeExpertParams p) {
+__global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpertParams p) {
   __shared__ float red[kGemmWarps * 2 * kMaxNt * 4 * 32];
   if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
   const int e = p.active[blockIdx.y];

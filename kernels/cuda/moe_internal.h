@@ -6,7 +6,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -76,8 +75,6 @@ absl::StatusOr<ScratchPointers> CarveScratch(const CudaScratch& scratch, const S
 // gate_rows: [E, D] bf16 bits, row-major. The caller has validated a's shapes against ex.
 absl::Status LaunchRouted(const MoeArgs& a, const uint16_t* gate_rows, const CudaExperts& ex,
                           const ScratchPointers& s, bool accumulate, cudaStream_t stream);
-
-absl::Status CudaStatus(cudaError_t err, std::string_view what);
 
 // One kernel launch each (the router is two: logits, then selection and lists).
 absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/moe_internal.h"
@@ -247,8 +248,8 @@ absl::StatusOr<ExpertsHandle> PrepareCudaExperts(std::span<const WeightView> w1,
       } else {
         moe::RepackKernel<Fp4Kind::kMxfp4><<<grid, 256>>>(args);
       }
-      DSV4_RETURN_IF_ERROR(moe::CudaStatus(cudaGetLastError(), "MoE expert repack launch"));
-      DSV4_RETURN_IF_ERROR(moe::CudaStatus(cudaStreamSynchronize(cudaStreamLegacy), "MoE expert repack"));
+      DSV4_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "MoE expert repack launch"));
+      DSV4_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(cudaStreamLegacy), "MoE expert repack"));
     }
   }
   DSV4_ASSIGN_OR_RETURN(Buffer table_buf, backend.Allocate(static_cast<int64_t>(tables.size()), MemoryKind::kWeights));

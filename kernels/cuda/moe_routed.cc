@@ -2,8 +2,6 @@
 // order on one stream with host-fixed sizes (graph-capturable: no allocation, no sync, no host read of device
 // data). LaunchMoe (moe_launch.cc) adds the shared expert in front; the MoE test drives this directly too.
 #include <algorithm>
-#include <string>
-#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -12,13 +10,6 @@
 
 namespace dsv4::kernels::cuda {
 namespace moe {
-
-absl::Status CudaStatus(cudaError_t err, std::string_view what) {
-  if (err == cudaSuccess) return absl::OkStatus();
-  std::string msg = absl::StrCat(std::string(what), ": ", cudaGetErrorName(err), " (", cudaGetErrorString(err), ")");
-  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(std::move(msg));
-  return absl::InternalError(std::move(msg));
-}
 
 absl::StatusOr<ScratchPointers> CarveScratch(const CudaScratch& scratch, const ScratchPlan& plan) {
   if (scratch.bytes < plan.bytes || (plan.bytes > 0 && scratch.data == nullptr)) {

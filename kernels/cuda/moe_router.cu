@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/moe_internal.h"
 
