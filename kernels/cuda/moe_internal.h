@@ -1,6 +1,7 @@
-// What the MoE family's files share (moe_prepare.cu, moe_router.cu, moe.cu) and what its test reaches below
-// LaunchMoe: the prepared experts, the scratch plan and the per-kernel launchers. Nothing here is for other
-// families: they use launchers.h.
+// What the MoE family's files share (moe_prepare.cu, moe_router.cu, moe.cu, moe_routed.cc, moe_launch.cc) and
+// what its test reaches below LaunchMoe (the layout checks, the router's counts in the scratch): the prepared
+// experts, the scratch plan and the per-kernel launchers. Nothing here is for other families: they use
+// launchers.h.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -1,6 +1,6 @@
 // The routed half of the CUDA MoE: scratch carving, the router, the expert GEMMs and the combine, launched in
 // order on one stream with host-fixed sizes (graph-capturable: no allocation, no sync, no host read of device
-// data). LaunchMoe (moe_launch.cc) adds the shared expert in front; the MoE test drives this directly too.
+// data). LaunchMoe (moe_launch.cc) validates and adds the shared expert in front.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
