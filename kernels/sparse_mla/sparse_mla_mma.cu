@@ -1,18 +1,21 @@
 // Tensor-core sparse-MLA decode (bf16 mma.sync m16n8k16, f32 accumulate), design in docs/sparse-mla.md:
 // the 8-warp kernel (any shared memory size: 16- or 32-row tiles; what sm_120 runs) and the split combine
-// kernel shared with the wide 16-warp kernel of sparse_mla_mma_wide.cu.
+// kernel of the wide 16-warp kernel of sparse_mla_mma_wide.cu.
 //
-// One block = one sequence x one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one
-// split of the selected rows. The block streams its rows in tiles of kTileRows through a 3-stage cp.async
-// ring (each row gathered by index, read once for all G heads), dequantises each tile once into a bf16 tile
-// in shared memory, and per tile runs three phases separated by barriers:
+// One block = one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one part of the
+// batch's work (sparse_mla_partition.h): a run of tiles over one or more consecutive sequences, walked
+// sequence by sequence ("segments"). Per segment the block streams its rows in tiles of kTileRows through a
+// 3-stage cp.async ring (each row gathered by index, read once for all G heads), dequantises each tile once
+// into a bf16 tile in shared memory, and per tile runs three phases separated by barriers:
 //   1. scores: S[G, rows] = Q K^T. Q stays in registers (A fragments); warp w owns kWarpM m-tiles and
 //      kQkDims of the 512 dims, so its partial scores are summed over the kDimGroups warps in phase 2.
 //   2. online softmax in f32 (base 2), P (bf16) and the per-head rescale factor to shared memory.
 //   3. O[G, 512] = alpha * O + P V: warp w owns dims [64w, 64w + 64) for all G heads (128 f32 accumulators
 //      per thread at G = 64), and dequantises the next tile meanwhile (ALU work beside the tensor work).
-// With several splits each block writes its normalised partial output and LSE, and a second kernel merges
-// them by log-sum-exp; with one split the block applies the sink and writes bf16 directly.
+// A segment that holds a whole sequence applies the sink and writes bf16 directly. A sequence cut between
+// parts: each part writes its normalised partial output and (max, sum), and the last of them to finish (a
+// per-sequence counter in the workspace) merges them by log-sum-exp while they are in L2 -- no second
+// kernel, no f32 round trip through HBM (fourth pass).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -20,6 +23,7 @@
 
 #include "kernels/sparse_mla/sparse_mla_device.cuh"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
+#include "kernels/sparse_mla/sparse_mla_partition.h"
 
 namespace dsv4::kernels::sparse_mla {
 namespace {
@@ -32,6 +36,7 @@ constexpr int kStages = 3;
 constexpr int kKbStride = 2 * kKvDim + 16;  // bytes per bf16 row; +16 B keeps ldmatrix conflict-free
 constexpr int kDataChunks = kRowDataBytes / 16;  // 36 cp.async chunks of 16 B, then one of 8 B (scales)
 constexpr float kRescaleSlack = 8.f;  // log2 units, see softmax_tile
+static_assert(kMergeCounters == internal::kMmaMergeCounters, "one merge counter region for host and device");
 
 template <int kMTiles, int kTileRows>
 struct MmaConfig {
@@ -61,7 +66,10 @@ struct MmaConfig {
   static constexpr int kOffStatM = kOffAlpha + kHeads * 4;
   static constexpr int kOffStatL = kOffStatM + kHeads * 4;
   static constexpr int kOffStatLq = kOffStatL + kHeads * 4;
-  static constexpr int kSmemBytes = kOffStatLq + kHeads * 4;
+  static constexpr int kOffFlag = kOffStatLq + kHeads * 4;  // "this block merges" broadcast
+  static constexpr int kSmemBytes = kOffFlag + 16;
+  // The merge's weights [splits][G] f32 reuse everything below the statistics.
+  static constexpr int kMergeMaxSplits = kOffStatM / (4 * kHeads);
 
   static_assert(kTileRows % 16 == 0 && kThreads % kTileRows == 0, "tile rows");
   static_assert(kRowsPerThread >= 1 && kThreadsPerHead <= 32, "softmax mapping");
@@ -69,15 +77,102 @@ struct MmaConfig {
                 "16-byte alignment of shared regions");
 };
 
+// Merges the nsplit partial rows of sequence b (slots slot0 .. slot0 + nsplit - 1) for this block's kHeads
+// heads: weights w_s = l_s 2^(m_s - M) / L x sink factor with M = max_s m_s, L = sum_s l_s 2^(m_s - M),
+// lse = (M + log2 L) ln 2. Run by the block that finished last, so the partials are read from L2 (ld.cg: they
+// were written by other SMs in this launch). Fixed split order: the result does not depend on which block
+// merges. Weights go to shared memory [nsplit][kHeads] (nsplit <= kMaxSplits, checked by the launcher).
+template <int kHeads>
+__device__ __forceinline__ void MergeSplits(const SparseMlaParams& p, int b, int head0, int64_t slot0, int nsplit,
+                                            int64_t rows, float* wts, int tid) {
+  const int H = p.num_heads;
+  const float* ws_o = PartialRows(p);
+  const float* ws_max = ws_o + rows * kKvDim;
+  const float* ws_sum = ws_max + rows;
+  if (tid < kHeads) {
+    const int h = head0 + tid;
+    float M = -INFINITY, L = 0.f;
+    for (int s = 0; s < nsplit; ++s) {
+      const int64_t r = (slot0 + s) * H + h;
+      if (__ldcg(ws_sum + r) != 0.f) M = fmaxf(M, __ldcg(ws_max + r));
+    }
+    for (int s = 0; s < nsplit; ++s) {
+      const int64_t r = (slot0 + s) * H + h;
+      const float l = __ldcg(ws_sum + r);
+      if (l != 0.f) L += l * exp2f(__ldcg(ws_max + r) - M);
+    }
+    float lse = INFINITY, factor = 0.f;  // no split saw a valid key: zeros, +inf
+    if (M != -INFINITY) {
+      lse = (M + log2f(L)) * kLn2;
+      factor = p.attn_sink ? 1.f / (1.f + expf(__ldg(p.attn_sink + h) - lse)) : 1.f;
+    }
+    for (int s = 0; s < nsplit; ++s) {
+      const int64_t r = (slot0 + s) * H + h;
+      const float l = __ldcg(ws_sum + r);
+      wts[s * kHeads + tid] = l != 0.f && factor != 0.f ? l * exp2f(__ldcg(ws_max + r) - M) / L * factor : 0.f;
+    }
+    p.lse[static_cast<int64_t>(b) * H + h] = lse;
+  }
+  __syncthreads();
+  // kHeads x 128 float4 positions of the output rows; thread tid owns positions tid + kThreads k, eight at a
+  // time (x 2 splits per step: 16 independent L2 loads in flight).
+  constexpr int kPos = kHeads * (kKvDim / 4) / kThreads;
+  constexpr int kBatch = kPos < 8 ? kPos : 8;
+  const float4* rows4 = reinterpret_cast<const float4*>(ws_o) + (slot0 * H + head0) * (kKvDim / 4);
+  const int64_t split_stride4 = static_cast<int64_t>(H) * (kKvDim / 4);
+  uint2* out = reinterpret_cast<uint2*>(p.out) + (static_cast<int64_t>(b) * H + head0) * (kKvDim / 4);
+#pragma unroll 1
+  for (int k0 = 0; k0 < kPos; k0 += kBatch) {
+    float4 acc[kBatch];
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 2
+    for (int s = 0; s < nsplit; ++s) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) v[k] = __ldcg(rows4 + s * split_stride4 + tid + kThreads * (k0 + k));
+#pragma unroll
+      for (int k = 0; k < kBatch; ++k) {
+        const float w = wts[s * kHeads + (tid + kThreads * (k0 + k)) / (kKvDim / 4)];
+        acc[k].x += w * v[k].x;
+        acc[k].y += w * v[k].y;
+        acc[k].z += w * v[k].z;
+        acc[k].w += w * v[k].w;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kBatch; ++k) {
+      out[tid + kThreads * (k0 + k)] = make_uint2(PackBf16x2(acc[k].x, acc[k].y), PackBf16x2(acc[k].z, acc[k].w));
+    }
+  }
+}
+
+// One segment: the tiles of sequence b that lie in this block's part (blockIdx.y), cut at the sequence's used
+// entries. Everything else is recomputed from the kernel parameters, so the segment loop adds one live
+// register (b) to a kernel that already uses ~250.
 template <int kMTiles, int kTileRows>
-__global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMlaParams p, float scale_log2) {
+__device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale_log2, const MmaPartition& part,
+                                           int b, uint8_t* smem) {
   using C = MmaConfig<kMTiles, kTileRows>;
-  extern __shared__ __align__(16) uint8_t smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int b = blockIdx.z, split = blockIdx.y, num_splits = gridDim.y;
-  const int H = p.num_heads, head0 = blockIdx.x * C::kHeads;
-  const BlockRange range = MakeRange<kTileRows>(p, b, split, num_splits);
+  const int H = p.num_heads, head0 = blockIdx.x * C::kHeads, part_i = blockIdx.y;
+  const int64_t seq0 = static_cast<int64_t>(b) * part.tiles_per_seq;
+  const int t0 = static_cast<int>(max(part.Begin(part_i) - seq0, int64_t{0}));
+  const int t1 = static_cast<int>(min(part.Begin(part_i + 1) - seq0, static_cast<int64_t>(part.tiles_per_seq)));
+  BlockRange range;
+  range.ew = UsedEntries(p.window.topk, p.window.lengths, b);
+  range.n = range.ew + UsedEntries(p.extra.topk, p.extra.lengths, b);
+  range.tile_begin = t0;
+  range.num_tiles = max(0, min((range.n + kTileRows - 1) / kTileRows, t1) - t0);
+  __syncthreads();  // the previous segment's epilogue and merge are done with shared memory
+  // The parts that share sequence b, for the epilogue (64-bit divisions there would compete with the
+  // accumulators for registers).
+  int* seg_parts = reinterpret_cast<int*>(smem + C::kOffFlag) + 1;
+  if (tid == 0) {
+    seg_parts[0] = part.FirstPart(b);
+    seg_parts[1] = part.LastPart(b);
+  }
 
   // ---- Q as A fragments, loaded once: warp owns m-tiles [qk_hq * kWarpM, +kWarpM) x its dim group ----
   const int qk_hq = warp % C::kQkHeadGroups, qk_dg = warp / C::kQkHeadGroups;
@@ -337,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   }
 
   // ---- epilogue: per-head max / sum to every warp, then normalise and store ----
-  LaunchDependents();
+  CpAsyncWait<0>();  // nothing is in flight (only empty groups); the merge reuses the raw stages
   float* stat_m = reinterpret_cast<float*>(smem + C::kOffStatM);
   float* stat_l = reinterpret_cast<float*>(smem + C::kOffStatL);
   float* stat_lq = reinterpret_cast<float*>(smem + C::kOffStatLq);
@@ -347,7 +442,44 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  StoreBlockOutput<kMTiles, 64, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid);
+  const int first = seg_parts[0], last = seg_parts[1];
+  const int64_t rows = part.Slots() * H;
+  StoreBlockOutput<kMTiles, 64, C::kHeads>(
+      p, o, stat_m, stat_l, stat_lq, b, head0,
+      PartialDst{.direct = first == last,  // the whole sequence is in this segment
+                 .row0 = static_cast<int64_t>(MmaPartition::Slot(blockIdx.y, b)) * H,
+                 .head_stride = 1,
+                 .rows = rows},
+      tid);
+  if (first == last) return;
+  // Last one in merges: every thread's partial stores are made visible device-wide before thread 0 counts
+  // this part in; the merging block resets the counter for the next launch.
+  __threadfence();
+  __syncthreads();
+  int* counter = static_cast<int*>(p.workspace) + b * gridDim.x + blockIdx.x;
+  int* flag = reinterpret_cast<int*>(smem + C::kOffFlag);
+  if (tid == 0) *flag = atomicAdd(counter, 1) == last - first;
+  __syncthreads();
+  if (*flag) {
+    __threadfence();
+    MergeSplits<C::kHeads>(p, b, head0, MmaPartition::Slot(first, b), last - first + 1, rows,
+                           reinterpret_cast<float*>(smem), tid);
+    if (tid == 0) *counter = 0;
+  }
+}
+
+template <int kMTiles, int kTileRows>
+__global__ void __launch_bounds__(kThreads, 1)
+    SparseMlaMmaKernel(const SparseMlaParams p, float scale_log2, const MmaPartition part) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int64_t begin = part.Begin(blockIdx.y);
+  if (begin == part.Begin(blockIdx.y + 1)) return;  // more parts than tiles
+  // Only b lives across a segment; the part's last sequence is recomputed after it.
+#pragma unroll 1
+  for (int b = static_cast<int>(begin / part.tiles_per_seq);; ++b) {
+    MmaSegment<kMTiles, kTileRows>(p, scale_log2, part, b, smem);
+    if (b >= static_cast<int>((part.Begin(blockIdx.y + 1) - 1) / part.tiles_per_seq)) break;
+  }
 }
 
 // Merges the splits of one (sequence, head) per block of 128 threads (thread i owns dims 4i..4i+3):
@@ -363,8 +495,8 @@ __global__ void __launch_bounds__(128) SparseMlaCombineKernel(const SparseMlaPar
   const int64_t bh = blockIdx.x;
   const int h = static_cast<int>(bh % p.num_heads);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
-  const float* ws_o = static_cast<const float*>(p.workspace) + bh * num_splits * kKvDim;
-  const float* m_s = static_cast<const float*>(p.workspace) + rows * num_splits * kKvDim + bh * num_splits;
+  const float* ws_o = PartialRows(p) + bh * num_splits * kKvDim;
+  const float* m_s = PartialRows(p) + rows * num_splits * kKvDim + bh * num_splits;
   const float* l_s = m_s + rows * num_splits;
   const float4* o4 = reinterpret_cast<const float4*>(ws_o) + threadIdx.x;
   uint2* out = reinterpret_cast<uint2*>(p.out + bh * kKvDim) + threadIdx.x;
@@ -432,11 +564,13 @@ __global__ void __launch_bounds__(128) SparseMlaCombineKernel(const SparseMlaPar
 }
 
 template <int kMTiles, int kTileRows>
-cudaError_t LaunchMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
+cudaError_t LaunchMain(const SparseMlaParams& p, const MmaPartition& part, cudaStream_t stream) {
   using C = MmaConfig<kMTiles, kTileRows>;
-  const dim3 grid(p.num_heads / C::kHeads, num_splits, p.batch);
+  // Head groups fastest: the groups of one part (H = 128) run side by side, so a row's second read is an
+  // L2 hit.
+  const dim3 grid(p.num_heads / C::kHeads, part.parts);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  SparseMlaMmaKernel<kMTiles, kTileRows><<<grid, kThreads, C::kSmemBytes, stream>>>(p, scale_log2);
+  SparseMlaMmaKernel<kMTiles, kTileRows><<<grid, kThreads, C::kSmemBytes, stream>>>(p, scale_log2, part);
   return cudaGetLastError();
 }
 
@@ -478,21 +612,23 @@ cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows) {
   return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return Prepare<m.value, n.value>(); });
 }
 
-size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
-  if (num_splits <= 1) return 0;
-  return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 2) * sizeof(float);
+int MmaMergeMaxSplits(int m_tiles, int tile_rows) {
+  return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return MmaConfig<m.value, n.value>::kMergeMaxSplits; });
+}
+
+size_t MmaWorkspaceBytes(int64_t partial_rows) {
+  if (partial_rows <= 0) return 0;
+  return static_cast<size_t>(kMergeCounterBytes) + static_cast<size_t>(partial_rows) * (kKvDim + 2) * sizeof(float);
 }
 
 cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, int m_tiles, int tile_rows, int num_splits,
-                            bool pdl, cudaStream_t stream) {
-  cudaError_t err = cudaSuccess;
-  if (wide) {
-    err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
-  } else {
+                            const MmaPartition& partition, bool pdl, cudaStream_t stream) {
+  if (!wide) {
     if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
-    err = Dispatch(m_tiles, tile_rows,
-                   [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, num_splits, stream); });
+    return Dispatch(m_tiles, tile_rows,
+                    [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, partition, stream); });
   }
+  const cudaError_t err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
   if (err != cudaSuccess || num_splits == 1) return err;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
   cudaLaunchConfig_t config = {};
