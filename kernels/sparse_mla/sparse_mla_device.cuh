@@ -160,7 +160,7 @@ __device__ __forceinline__ BlockRange MakeRange(const SparseMlaParams& p, int b,
 // [per-row running max (log2 units)][per-row running sum]. The counters are zero after every completed
 // launch (the caller zeroes the workspace once after allocating it), so they sit at a fixed place whatever
 // the plan; the partial rows follow.
-constexpr int kMergeCounters = 65536;  // one per (sequence, head group) of a launch of the 8-warp kernel
+constexpr int kMergeCounters = 65536;  // two per (sequence, head group) of a launch of the 8-warp kernel
 constexpr int64_t kMergeCounterBytes = int64_t{kMergeCounters} * 4;
 
 // Where a block's split result goes: partial row of global head h = row0 + h * head_stride, of `rows` rows

@@ -21,8 +21,10 @@ cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows);
 // between launches), then [rows, 512] f32 partial outputs + [rows] f32 running max (log2 units) + [rows] f32
 // running sum. Rows: the 8-warp kernel partition.Slots() x H, the wide kernel B x H x splits.
 size_t MmaWorkspaceBytes(int64_t partial_rows);
-// Merge counters: at most this many (sequence, head group) pairs per launch of the 8-warp kernel.
+// Merge counters: two per (sequence, head group) of a launch of the 8-warp kernel (written, merged).
 inline constexpr int64_t kMmaMergeCounters = 65536;
+// Blocks of the 8-warp kernel one SM holds (after PrepareMmaKernel): its launches must fit in one wave.
+int MmaBlocksPerSm(int m_tiles, int tile_rows);
 // The most parts one sequence may be cut into for the 8-warp kernel's merge (its weights fill the shared
 // memory below the block statistics).
 int MmaMergeMaxSplits(int m_tiles, int tile_rows);

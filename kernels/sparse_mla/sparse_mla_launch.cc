@@ -154,6 +154,14 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   DSV4_RETURN_IF_ERROR(CudaStatus(plan.warps == 16 ? internal::PrepareMmaWideKernel(plan.m_tiles)
                                                    : internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows),
                                   "cudaFuncSetAttribute"));
+  if (plan.warps == 8) {
+    plan.max_resident_blocks = sms * internal::MmaBlocksPerSm(plan.m_tiles, plan.tile_rows);
+    if (int64_t{plan.parts} * plan.head_groups > plan.max_resident_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("num_splits ", options.num_splits, " gives ", plan.parts,
+                                                     " parts x ", plan.head_groups, " head groups: more blocks than ",
+                                                     plan.max_resident_blocks, " resident at once"));
+    }
+  }
   return plan;
 }
 
@@ -188,17 +196,19 @@ absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMl
   } else {
     const int64_t topk = int64_t{params.window.topk} + params.extra.topk;
     partition = PartitionFor(plan, params.batch, topk);
-    if (partition.parts > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat("batch x num_splits is ", partition.parts, ", at most 65535"));
+    if (int64_t{partition.parts} * plan.head_groups > plan.max_resident_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat("batch x num_splits is ", partition.parts, " parts x ",
+                                                     plan.head_groups, " head groups: more blocks than ",
+                                                     plan.max_resident_blocks, " resident at once"));
     }
     if (partition.tiles_per_seq > internal::MmaMergeMaxSplits(plan.m_tiles, plan.tile_rows)) {
       return absl::InvalidArgumentError(absl::StrCat("window.topk + extra.topk is ", topk,
                                                      ": more tiles than the 8-warp kernel's merge takes (",
                                                      internal::MmaMergeMaxSplits(plan.m_tiles, plan.tile_rows), ")"));
     }
-    if (int64_t{params.batch} * plan.head_groups > internal::kMmaMergeCounters) {
+    if (int64_t{params.batch} * plan.head_groups > internal::kMmaMergeCounters / 2) {
       return absl::InvalidArgumentError(absl::StrCat("batch x head groups is ", int64_t{params.batch} * plan.head_groups,
-                                                     ", at most ", internal::kMmaMergeCounters));
+                                                     ", at most ", internal::kMmaMergeCounters / 2));
     }
     need = internal::MmaWorkspaceBytes(PartialRows(partition, params.num_heads));
   }

@@ -51,6 +51,7 @@ struct SparseMlaPlan {
   int parts = 0;
   int split_override = 0;   // options.num_splits (0 = automatic partition)
   int sms = 0;              // multiprocessors of the device the plan was made on
+  int max_resident_blocks = 0;  // MMA 8-warp kernel: blocks resident at once (its launches are one wave)
   bool pdl = false;         // MMA: the combine launches with programmatic dependent launch (sm_90+)
   int smem_bytes = 0;       // MMA: dynamic shared memory per block
   // SparseMlaParams::workspace needed for any batch <= max_batch at max_topk. Zero the workspace once after

@@ -66,8 +66,8 @@ struct MmaConfig {
   static constexpr int kOffStatM = kOffAlpha + kHeads * 4;
   static constexpr int kOffStatL = kOffStatM + kHeads * 4;
   static constexpr int kOffStatLq = kOffStatL + kHeads * 4;
-  static constexpr int kOffFlag = kOffStatLq + kHeads * 4;  // "this block merges" broadcast
-  static constexpr int kSmemBytes = kOffFlag + 16;
+  static constexpr int kOffSegment = kOffStatLq + kHeads * 4;  // segment state (SegmentSeq)
+  static constexpr int kSmemBytes = kOffSegment + 32;
   // The merge's weights [splits][G] f32 reuse everything below the statistics.
   static constexpr int kMergeMaxSplits = kOffStatM / (4 * kHeads);
 
@@ -77,19 +77,20 @@ struct MmaConfig {
                 "16-byte alignment of shared regions");
 };
 
-// Merges the nsplit partial rows of sequence b (slots slot0 .. slot0 + nsplit - 1) for this block's kHeads
-// heads: weights w_s = l_s 2^(m_s - M) / L x sink factor with M = max_s m_s, L = sum_s l_s 2^(m_s - M),
-// lse = (M + log2 L) ln 2. Run by the block that finished last, so the partials are read from L2 (ld.cg: they
-// were written by other SMs in this launch). Fixed split order: the result does not depend on which block
-// merges. Weights go to shared memory [nsplit][kHeads] (nsplit <= kMaxSplits, checked by the launcher).
+// Merges heads [hb, he) of this block's head group for sequence b from its nsplit partial rows (slots slot0 ..
+// slot0 + nsplit - 1): weights w_s = l_s 2^(m_s - M) / L x sink factor with M = max_s m_s,
+// L = sum_s l_s 2^(m_s - M), lse = (M + log2 L) ln 2. Every part of the sequence merges its own slice of the
+// heads once all parts have written (so each block reads ~G x 2 KB, not nsplit x G x 2 KB: one SM reads L2 at
+// ~70 GB/s, fourth pass). Partials are read with ld.cg (written by other SMs in this launch), in a fixed split
+// order: the result does not depend on timing. Weights: shared memory [nsplit][kHeads].
 template <int kHeads>
-__device__ __forceinline__ void MergeSplits(const SparseMlaParams& p, int b, int head0, int64_t slot0, int nsplit,
-                                            int64_t rows, float* wts, int tid) {
+__device__ __forceinline__ void MergeSlice(const SparseMlaParams& p, int b, int head0, int hb, int he, int64_t slot0,
+                                           int nsplit, int64_t rows, float* wts, int tid) {
   const int H = p.num_heads;
   const float* ws_o = PartialRows(p);
   const float* ws_max = ws_o + rows * kKvDim;
   const float* ws_sum = ws_max + rows;
-  if (tid < kHeads) {
+  if (tid >= hb && tid < he) {
     const int h = head0 + tid;
     float M = -INFINITY, L = 0.f;
     for (int s = 0; s < nsplit; ++s) {
@@ -114,15 +115,15 @@ __device__ __forceinline__ void MergeSplits(const SparseMlaParams& p, int b, int
     p.lse[static_cast<int64_t>(b) * H + h] = lse;
   }
   __syncthreads();
-  // kHeads x 128 float4 positions of the output rows; thread tid owns positions tid + kThreads k, eight at a
-  // time (x 2 splits per step: 16 independent L2 loads in flight).
-  constexpr int kPos = kHeads * (kKvDim / 4) / kThreads;
-  constexpr int kBatch = kPos < 8 ? kPos : 8;
-  const float4* rows4 = reinterpret_cast<const float4*>(ws_o) + (slot0 * H + head0) * (kKvDim / 4);
+  // (he - hb) x 128 float4 positions; thread tid owns positions tid + kThreads k, eight at a time (x 2 splits
+  // per step: 16 independent L2 loads in flight).
+  constexpr int kBatch = 8;
+  const int count = (he - hb) * (kKvDim / 4);
+  const float4* rows4 = reinterpret_cast<const float4*>(ws_o) + (slot0 * H + head0 + hb) * (kKvDim / 4);
   const int64_t split_stride4 = static_cast<int64_t>(H) * (kKvDim / 4);
-  uint2* out = reinterpret_cast<uint2*>(p.out) + (static_cast<int64_t>(b) * H + head0) * (kKvDim / 4);
+  uint2* out = reinterpret_cast<uint2*>(p.out) + (static_cast<int64_t>(b) * H + head0 + hb) * (kKvDim / 4);
 #pragma unroll 1
-  for (int k0 = 0; k0 < kPos; k0 += kBatch) {
+  for (int k0 = 0; k0 * kThreads < count; k0 += kBatch) {
     float4 acc[kBatch];
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -130,10 +131,14 @@ __device__ __forceinline__ void MergeSplits(const SparseMlaParams& p, int b, int
     for (int s = 0; s < nsplit; ++s) {
       float4 v[kBatch];
 #pragma unroll
-      for (int k = 0; k < kBatch; ++k) v[k] = __ldcg(rows4 + s * split_stride4 + tid + kThreads * (k0 + k));
+      for (int k = 0; k < kBatch; ++k) {
+        const int pos = tid + kThreads * (k0 + k);
+        v[k] = pos < count ? __ldcg(rows4 + s * split_stride4 + pos) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
 #pragma unroll
       for (int k = 0; k < kBatch; ++k) {
-        const float w = wts[s * kHeads + (tid + kThreads * (k0 + k)) / (kKvDim / 4)];
+        const int pos = tid + kThreads * (k0 + k);
+        const float w = pos < count ? wts[s * kHeads + hb + pos / (kKvDim / 4)] : 0.f;
         acc[k].x += w * v[k].x;
         acc[k].y += w * v[k].y;
         acc[k].z += w * v[k].z;
@@ -142,37 +147,55 @@ __device__ __forceinline__ void MergeSplits(const SparseMlaParams& p, int b, int
     }
 #pragma unroll
     for (int k = 0; k < kBatch; ++k) {
-      out[tid + kThreads * (k0 + k)] = make_uint2(PackBf16x2(acc[k].x, acc[k].y), PackBf16x2(acc[k].z, acc[k].w));
+      const int pos = tid + kThreads * (k0 + k);
+      if (pos < count) out[pos] = make_uint2(PackBf16x2(acc[k].x, acc[k].y), PackBf16x2(acc[k].z, acc[k].w));
     }
   }
 }
 
-// One segment: the tiles of sequence b that lie in this block's part (blockIdx.y), cut at the sequence's used
-// entries. Everything else is recomputed from the kernel parameters, so the segment loop adds one live
-// register (b) to a kernel that already uses ~250.
+__device__ __forceinline__ int LoadAcquire(const int* p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Per-block segment state in shared memory (C::kOffSegment), written by thread 0 between segments where no
+// accumulator is live: the sequence b, its tiles [t0, t1) in this part, and the first and last part of b. The
+// 64-head kernel has no register to spare (253 of 255 before the segment loop), so the segment reads these
+// from shared memory where it needs them (b in every row gather) instead of deriving them with 64-bit
+// arithmetic beside the accumulators.
+struct SegmentState {
+  int b, t0, t1, first, last;
+};
+__device__ __forceinline__ const volatile SegmentState* Segment(const uint8_t* smem_segment) {
+  return reinterpret_cast<const volatile SegmentState*>(smem_segment);
+}
+
+// threadIdx.x read so that the compiler cannot hoist what derives from it out of the segment loop: hoisted,
+// those per-thread offsets stay live across every segment and push the 64-head kernel past 255 registers.
+__device__ __forceinline__ int OpaqueThreadIdx() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+  return tid;
+}
+
+// One segment: tiles [t0, t1) of sequence b (SegmentState) in this block's part, cut at the sequence's used
+// entries.
 template <int kMTiles, int kTileRows>
 __device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale_log2, const MmaPartition& part,
-                                           int b, uint8_t* smem) {
+                                           uint8_t* smem) {
   using C = MmaConfig<kMTiles, kTileRows>;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int tid = OpaqueThreadIdx(), lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
-  const int H = p.num_heads, head0 = blockIdx.x * C::kHeads, part_i = blockIdx.y;
-  const int64_t seq0 = static_cast<int64_t>(b) * part.tiles_per_seq;
-  const int t0 = static_cast<int>(max(part.Begin(part_i) - seq0, int64_t{0}));
-  const int t1 = static_cast<int>(min(part.Begin(part_i + 1) - seq0, static_cast<int64_t>(part.tiles_per_seq)));
+  const int H = p.num_heads, head0 = blockIdx.x * C::kHeads;
+  __syncthreads();  // the previous segment is done with shared memory; the segment state is written
+  const int b = Segment(smem + C::kOffSegment)->b;
   BlockRange range;
   range.ew = UsedEntries(p.window.topk, p.window.lengths, b);
   range.n = range.ew + UsedEntries(p.extra.topk, p.extra.lengths, b);
-  range.tile_begin = t0;
-  range.num_tiles = max(0, min((range.n + kTileRows - 1) / kTileRows, t1) - t0);
-  __syncthreads();  // the previous segment's epilogue and merge are done with shared memory
-  // The parts that share sequence b, for the epilogue (64-bit divisions there would compete with the
-  // accumulators for registers).
-  int* seg_parts = reinterpret_cast<int*>(smem + C::kOffFlag) + 1;
-  if (tid == 0) {
-    seg_parts[0] = part.FirstPart(b);
-    seg_parts[1] = part.LastPart(b);
-  }
+  range.tile_begin = Segment(smem + C::kOffSegment)->t0;
+  range.num_tiles =
+      max(0, min((range.n + kTileRows - 1) / kTileRows, Segment(smem + C::kOffSegment)->t1) - range.tile_begin);
 
   // ---- Q as A fragments, loaded once: warp owns m-tiles [qk_hq * kWarpM, +kWarpM) x its dim group ----
   const int qk_hq = warp % C::kQkHeadGroups, qk_dg = warp / C::kQkHeadGroups;
@@ -202,7 +225,7 @@ __device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale
     const int pos = (range.tile_begin + tile) * kTileRows + row;
     const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
     RowAddress addr{dummy, dummy};
-    const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
+    const bool valid = pos < range.n && LocateRow(p, Segment(smem + C::kOffSegment)->b, pos, range.ew, addr);
     uint8_t* st = smem + stage * C::kRawStage;
     const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
     for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
@@ -442,29 +465,56 @@ __device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  const int first = seg_parts[0], last = seg_parts[1];
+  const int first = Segment(smem + C::kOffSegment)->first, last = Segment(smem + C::kOffSegment)->last;
+  const int b_out = Segment(smem + C::kOffSegment)->b;
   const int64_t rows = part.Slots() * H;
   StoreBlockOutput<kMTiles, 64, C::kHeads>(
-      p, o, stat_m, stat_l, stat_lq, b, head0,
+      p, o, stat_m, stat_l, stat_lq, b_out, head0,
       PartialDst{.direct = first == last,  // the whole sequence is in this segment
-                 .row0 = static_cast<int64_t>(MmaPartition::Slot(blockIdx.y, b)) * H,
+                 .row0 = static_cast<int64_t>(MmaPartition::Slot(blockIdx.y, b_out)) * H,
                  .head_stride = 1,
                  .rows = rows},
       tid);
   if (first == last) return;
-  // Last one in merges: every thread's partial stores are made visible device-wide before thread 0 counts
-  // this part in; the merging block resets the counter for the next launch.
+  // Count this part's partial in (every thread's stores made visible device-wide first); the merges run
+  // after the block's last segment (MmaMerges).
   __threadfence();
   __syncthreads();
-  int* counter = static_cast<int*>(p.workspace) + b * gridDim.x + blockIdx.x;
-  int* flag = reinterpret_cast<int*>(smem + C::kOffFlag);
-  if (tid == 0) *flag = atomicAdd(counter, 1) == last - first;
-  __syncthreads();
-  if (*flag) {
+  if (tid == 0) atomicAdd(static_cast<int*>(p.workspace) + b_out * gridDim.x + blockIdx.x, 1);
+}
+
+// After its last segment, the block merges its slice of the heads of every split sequence it took part in:
+// part k of n merges heads [k G / n, (k + 1) G / n). It waits (spinning on the sequence's counter) until all
+// n parts have written; every block of the launch is resident (one wave, cooperative launch), and a block
+// only waits after writing all its own partials, so the waits end. The last block through resets both
+// counters for the next launch.
+template <int kHeads>
+__device__ __forceinline__ void MmaMerges(const SparseMlaParams& p, const MmaPartition& part, uint8_t* smem,
+                                          int64_t begin, int64_t end) {
+  const int tid = threadIdx.x, part_i = blockIdx.y, head0 = blockIdx.x * kHeads;
+  int* written_base = static_cast<int*>(p.workspace);
+  int* merged_base = written_base + kMergeCounters / 2;
+  const int64_t rows = part.Slots() * p.num_heads;
+  const int b_first = static_cast<int>(begin / part.tiles_per_seq);
+  const int b_last = static_cast<int>((end - 1) / part.tiles_per_seq);
+#pragma unroll 1
+  for (int b = b_first; b <= b_last; ++b) {
+    const int first = part.FirstPart(b), last = part.LastPart(b);
+    if (first == last) continue;
+    const int n = last - first + 1, k = part_i - first;
+    const int counter = b * gridDim.x + blockIdx.x;
+    __syncthreads();  // shared memory (weights) free
+    if (tid == 0) {
+      while (LoadAcquire(written_base + counter) < n) __nanosleep(128);
+    }
+    __syncthreads();
     __threadfence();
-    MergeSplits<C::kHeads>(p, b, head0, MmaPartition::Slot(first, b), last - first + 1, rows,
-                           reinterpret_cast<float*>(smem), tid);
-    if (tid == 0) *counter = 0;
+    MergeSlice<kHeads>(p, b, head0, k * kHeads / n, (k + 1) * kHeads / n, MmaPartition::Slot(first, b), n, rows,
+                       reinterpret_cast<float*>(smem), tid);
+    if (tid == 0 && atomicAdd(merged_base + counter, 1) == n - 1) {
+      written_base[counter] = 0;  // every part has passed its wait
+      merged_base[counter] = 0;
+    }
   }
 }
 
@@ -474,12 +524,25 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) uint8_t smem[];
   const int64_t begin = part.Begin(blockIdx.y);
   if (begin == part.Begin(blockIdx.y + 1)) return;  // more parts than tiles
-  // Only b lives across a segment; the part's last sequence is recomputed after it.
+  volatile SegmentState* seg =
+      reinterpret_cast<volatile SegmentState*>(smem + MmaConfig<kMTiles, kTileRows>::kOffSegment);
+  const int T = part.tiles_per_seq;
+  const int b_first = static_cast<int>(begin / T);
+  const int b_last = static_cast<int>((part.Begin(blockIdx.y + 1) - 1) / T);
 #pragma unroll 1
-  for (int b = static_cast<int>(begin / part.tiles_per_seq);; ++b) {
-    MmaSegment<kMTiles, kTileRows>(p, scale_log2, part, b, smem);
-    if (b >= static_cast<int>((part.Begin(blockIdx.y + 1) - 1) / part.tiles_per_seq)) break;
+  for (int b = b_first; b <= b_last; ++b) {
+    if (threadIdx.x == 0) {  // read by the segment after its first barrier
+      const int64_t seq0 = static_cast<int64_t>(b) * T;
+      seg->b = b;
+      seg->t0 = static_cast<int>(max(begin - seq0, int64_t{0}));
+      seg->t1 = static_cast<int>(min(part.Begin(blockIdx.y + 1) - seq0, static_cast<int64_t>(T)));
+      seg->first = part.FirstPart(b);
+      seg->last = part.LastPart(b);
+    }
+    MmaSegment<kMTiles, kTileRows>(p, scale_log2, part, smem);
+    __syncthreads();  // the segment is done with its state
   }
+  MmaMerges<MmaConfig<kMTiles, kTileRows>::kHeads>(p, part, smem, begin, part.Begin(blockIdx.y + 1));
 }
 
 // Merges the splits of one (sequence, head) per block of 128 threads (thread i owns dims 4i..4i+3):
@@ -495,8 +558,9 @@ __global__ void __launch_bounds__(128) SparseMlaCombineKernel(const SparseMlaPar
   const int64_t bh = blockIdx.x;
   const int h = static_cast<int>(bh % p.num_heads);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
-  const float* ws_o = PartialRows(p) + bh * num_splits * kKvDim;
-  const float* m_s = PartialRows(p) + rows * num_splits * kKvDim + bh * num_splits;
+  const float* partials = PartialRows(p);
+  const float* ws_o = partials + bh * num_splits * kKvDim;
+  const float* m_s = partials + rows * num_splits * kKvDim + bh * num_splits;
   const float* l_s = m_s + rows * num_splits;
   const float4* o4 = reinterpret_cast<const float4*>(ws_o) + threadIdx.x;
   uint2* out = reinterpret_cast<uint2*>(p.out + bh * kKvDim) + threadIdx.x;
@@ -567,11 +631,20 @@ template <int kMTiles, int kTileRows>
 cudaError_t LaunchMain(const SparseMlaParams& p, const MmaPartition& part, cudaStream_t stream) {
   using C = MmaConfig<kMTiles, kTileRows>;
   // Head groups fastest: the groups of one part (H = 128) run side by side, so a row's second read is an
-  // L2 hit.
-  const dim3 grid(p.num_heads / C::kHeads, part.parts);
+  // L2 hit. Cooperative: the merges wait for other blocks, so all blocks must be resident (one wave; the
+  // launcher checks the size).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(p.num_heads / C::kHeads, part.parts);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  SparseMlaMmaKernel<kMTiles, kTileRows><<<grid, kThreads, C::kSmemBytes, stream>>>(p, scale_log2, part);
-  return cudaGetLastError();
+  return cudaLaunchKernelEx(&config, SparseMlaMmaKernel<kMTiles, kTileRows>, p, scale_log2, part);
 }
 
 template <int kMTiles, int kTileRows>
@@ -610,6 +683,17 @@ int MmaSmemBytes(int m_tiles, int tile_rows) {
 cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows) {
   if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
   return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return Prepare<m.value, n.value>(); });
+}
+
+int MmaBlocksPerSm(int m_tiles, int tile_rows) {
+  return Dispatch(m_tiles, tile_rows, [](auto m, auto n) {
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, SparseMlaMmaKernel<m.value, n.value>, kThreads,
+                                                      MmaConfig<m.value, n.value>::kSmemBytes) != cudaSuccess) {
+      return 0;
+    }
+    return blocks;
+  });
 }
 
 int MmaMergeMaxSplits(int m_tiles, int tile_rows) {
