@@ -156,41 +156,22 @@ __device__ __forceinline__ BlockRange MakeRange(const SparseMlaParams& p, int b,
 }
 
 
-// Workspace layout (both MMA kernels): [kMergeCounters int32 merge counters][partial rows, f32 x 512]
-// [per-row running max (log2 units)][per-row running sum]. The counters are zero after every completed
-// launch (the caller zeroes the workspace once after allocating it), so they sit at a fixed place whatever
-// the plan; the partial rows follow.
-constexpr int kMergeCounters = 65536;  // two per (sequence, head group) of a launch of the 8-warp kernel
-constexpr int64_t kMergeCounterBytes = int64_t{kMergeCounters} * 4;
-
-// Where a block's split result goes: partial row of global head h = row0 + h * head_stride, of `rows` rows
-// in all (the max and sum arrays follow the rows). direct: bf16 out + LSE instead (the block saw every key).
-struct PartialDst {
-  bool direct;
-  int64_t row0;
-  int head_stride;
-  int64_t rows;
-};
-__device__ __forceinline__ float* PartialRows(const SparseMlaParams& p) {
-  return reinterpret_cast<float*>(static_cast<uint8_t*>(p.workspace) + kMergeCounterBytes);
-}
-
 // Epilogue shared by both MMA kernels: normalises each head's output row by its sum (folding in the sink when
 // the block saw every key) and stores bf16 output + natural-log LSE, or, for a split, the f32 partial row and
-// the (max in log2 units, sum) pair the merge weighs it by. `o` is the warp's accumulator for its
+// the (max in log2 units, sum) pair the combine kernel weighs it by. `o` is the warp's accumulator for its
 // kDimsPerWarp output dims of kMTiles 16-head m-tiles; stat_* are per-head block statistics in shared memory.
 template <int kMTiles, int kDimsPerWarp, int kHeadsPerBlock>
 __device__ __forceinline__ void StoreBlockOutput(const SparseMlaParams& p, const float (&o)[kMTiles][kDimsPerWarp / 8][4],
                                                  const float* stat_m, const float* stat_l, const float* stat_lq,
-                                                 int b, int head0, const PartialDst& dst_rows, int tid) {
+                                                 int b, int head0, int split, int num_splits, int tid) {
   const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
   const int H = p.num_heads;
-  const bool direct = dst_rows.direct;
-  // Split partials: o / l per split, then the running max (log2 units) and sum, so the merge weighs the
+  const bool direct = num_splits == 1;
+  // Split partials: o / l per split, then the running max (log2 units) and sum, so the combine weighs the
   // splits from the same f32 scores as one block would (a natural-log LSE of ~1e6 keeps only 0.25 of it).
-  float* ws_o = PartialRows(p);
-  float* ws_max = ws_o + dst_rows.rows * kKvDim;
-  float* ws_sum = ws_max + dst_rows.rows;
+  float* ws_o = static_cast<float*>(p.workspace);
+  float* ws_max = ws_o + static_cast<int64_t>(p.batch) * H * num_splits * kKvDim;
+  float* ws_sum = ws_max + static_cast<int64_t>(p.batch) * H * num_splits;
 #pragma unroll
   for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
@@ -205,16 +186,15 @@ __device__ __forceinline__ void StoreBlockOutput(const SparseMlaParams& p, const
           factor /= 1.f + expf(__ldg(p.attn_sink + h) - lse);
         }
       }
+      const int64_t bh = static_cast<int64_t>(b) * H + h;
       if (direct) {
-        const int64_t bh = static_cast<int64_t>(b) * H + h;
         uint32_t* dst = reinterpret_cast<uint32_t*>(p.out) + (bh * kKvDim + warp * kDimsPerWarp + 2 * t4) / 2;
 #pragma unroll
         for (int nj = 0; nj < kDimsPerWarp / 8; ++nj) {
           dst[nj * 4] = PackBf16x2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
         }
       } else {
-        const int64_t row = dst_rows.row0 + static_cast<int64_t>(h) * dst_rows.head_stride;
-        float* dst = ws_o + row * kKvDim + warp * kDimsPerWarp + 2 * t4;
+        float* dst = ws_o + (bh * num_splits + split) * kKvDim + warp * kDimsPerWarp + 2 * t4;
 #pragma unroll
         for (int nj = 0; nj < kDimsPerWarp / 8; ++nj) {
           *reinterpret_cast<float2*>(dst + nj * 8) =
@@ -225,13 +205,12 @@ __device__ __forceinline__ void StoreBlockOutput(const SparseMlaParams& p, const
   }
   if (tid < kHeadsPerBlock) {
     const float l = stat_l[tid];
-    const int h = head0 + tid;
+    const int64_t bh = static_cast<int64_t>(b) * H + head0 + tid;
     if (direct) {
-      p.lse[static_cast<int64_t>(b) * H + h] = l == 0.f ? INFINITY : (stat_m[tid] + log2f(l)) * kLn2;
+      p.lse[bh] = l == 0.f ? INFINITY : (stat_m[tid] + log2f(l)) * kLn2;
     } else {
-      const int64_t row = dst_rows.row0 + static_cast<int64_t>(h) * dst_rows.head_stride;
-      ws_max[row] = stat_m[tid];
-      ws_sum[row] = l;
+      ws_max[bh * num_splits + split] = stat_m[tid];
+      ws_sum[bh * num_splits + split] = l;
     }
   }
 }

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
-#include "kernels/sparse_mla/sparse_mla_partition.h"
 #include "kernels/sparse_mla/sparse_mla_validate.h"
 
 namespace dsv4::kernels::sparse_mla {
@@ -20,25 +19,6 @@ absl::Status CudaStatus(cudaError_t err, std::string_view what) {
 }
 
 bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
-
-int TilesOf(int64_t topk, int tile_rows) {
-  return static_cast<int>(std::max<int64_t>(1, (topk + tile_rows - 1) / tile_rows));
-}
-
-// The 8-warp kernel's partition for a launch of `batch` sequences of `topk` selected entries.
-MmaPartition PartitionFor(const SparseMlaPlan& plan, int batch, int64_t topk) {
-  const int tiles = TilesOf(topk, plan.tile_rows);
-  if (plan.split_override > 0) {
-    return MmaPartition::Of(batch, tiles, int64_t{batch} * plan.split_override);
-  }
-  return ChooseMmaPartition(batch, tiles, std::max(1, plan.sms / plan.head_groups));
-}
-
-// Partial rows a launch of the 8-warp kernel writes: none when every part holds whole sequences.
-int64_t PartialRows(const MmaPartition& m, int num_heads) {
-  const bool whole = m.parts <= m.batch && m.batch % m.parts == 0;
-  return whole ? 0 : m.Slots() * num_heads;
-}
 
 // Whether the automatic plan runs the wide kernel also when there are more than 8 64-head blocks.
 constexpr bool kWideAtLargeBatch = false;
@@ -113,37 +93,15 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
                                                       " bytes of shared memory per block; this GPU allows ",
                                                       smem_optin));
   }
-  const int tiles = TilesOf(max_topk, plan.tile_rows);
-  plan.sms = sms;
-  if (options.num_splits > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("num_splits is ", options.num_splits, ", at most 65535"));
+  const int tiles = std::max(1, (max_topk + plan.tile_rows - 1) / plan.tile_rows);
+  const int64_t blocks = static_cast<int64_t>(max_batch) * plan.head_groups;
+  plan.num_splits = options.num_splits > 0
+                        ? options.num_splits
+                        : static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
+  if (plan.num_splits > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("num_splits is ", plan.num_splits, ", at most 65535"));
   }
-  if (plan.warps == 16) {
-    const int64_t blocks = static_cast<int64_t>(max_batch) * plan.head_groups;
-    plan.num_splits = options.num_splits > 0 ? options.num_splits
-                                             : static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
-    plan.workspace_bytes =
-        plan.num_splits == 1 ? 0
-                             : internal::MmaWorkspaceBytes(int64_t{max_batch} * num_heads * plan.num_splits);
-  } else {
-    // The partition is chosen per launch (batch and top-k of the launch); size the workspace for any batch up
-    // to max_batch: slots < parts + batch, parts <= max(SMs / head groups, batch x forced splits).
-    plan.split_override = options.num_splits;
-    if (tiles > internal::MmaMergeMaxSplits(plan.m_tiles, plan.tile_rows)) {
-      return absl::InvalidArgumentError(absl::StrCat("max_topk ", max_topk, " is ", tiles, " tiles of ", plan.tile_rows,
-                                                     " rows; the 8-warp kernel's merge takes at most ",
-                                                     internal::MmaMergeMaxSplits(plan.m_tiles, plan.tile_rows)));
-    }
-    const MmaPartition at_max = PartitionFor(plan, max_batch, max_topk);
-    plan.parts = at_max.parts;
-    plan.num_splits = 1;
-    for (int b = 0; b < max_batch; ++b) {
-      plan.num_splits = std::max(plan.num_splits, at_max.LastPart(b) - at_max.FirstPart(b) + 1);
-    }
-    const int64_t max_parts = options.num_splits > 0 ? int64_t{max_batch} * options.num_splits
-                                                     : std::max(1, sms / plan.head_groups);
-    plan.workspace_bytes = internal::MmaWorkspaceBytes((max_parts + max_batch) * num_heads);
-  }
+  plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits);
   if (options.pdl < -1 || options.pdl > 1) {
     return absl::InvalidArgumentError(absl::StrCat("pdl is ", options.pdl, "; use 1 (on), -1 (off) or 0"));
   }
@@ -154,14 +112,6 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   DSV4_RETURN_IF_ERROR(CudaStatus(plan.warps == 16 ? internal::PrepareMmaWideKernel(plan.m_tiles)
                                                    : internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows),
                                   "cudaFuncSetAttribute"));
-  if (plan.warps == 8) {
-    plan.max_resident_blocks = sms * internal::MmaBlocksPerSm(plan.m_tiles, plan.tile_rows);
-    if (int64_t{plan.parts} * plan.head_groups > plan.max_resident_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat("num_splits ", options.num_splits, " gives ", plan.parts,
-                                                     " parts x ", plan.head_groups, " head groups: more blocks than ",
-                                                     plan.max_resident_blocks, " resident at once"));
-    }
-  }
   return plan;
 }
 
@@ -186,39 +136,14 @@ absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMl
   if (plan.kernel == SparseMlaKernel::kSimt) {
     return CudaStatus(internal::LaunchSimtDecode(params, stream), "SIMT sparse-MLA launch");
   }
-  const bool wide = plan.warps == 16;
-  MmaPartition partition;
-  size_t need = 0;
-  if (wide) {
-    need = plan.num_splits == 1
-               ? 0
-               : internal::MmaWorkspaceBytes(int64_t{params.batch} * params.num_heads * plan.num_splits);
-  } else {
-    const int64_t topk = int64_t{params.window.topk} + params.extra.topk;
-    partition = PartitionFor(plan, params.batch, topk);
-    if (int64_t{partition.parts} * plan.head_groups > plan.max_resident_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat("batch x num_splits is ", partition.parts, " parts x ",
-                                                     plan.head_groups, " head groups: more blocks than ",
-                                                     plan.max_resident_blocks, " resident at once"));
-    }
-    if (partition.tiles_per_seq > internal::MmaMergeMaxSplits(plan.m_tiles, plan.tile_rows)) {
-      return absl::InvalidArgumentError(absl::StrCat("window.topk + extra.topk is ", topk,
-                                                     ": more tiles than the 8-warp kernel's merge takes (",
-                                                     internal::MmaMergeMaxSplits(plan.m_tiles, plan.tile_rows), ")"));
-    }
-    if (int64_t{params.batch} * plan.head_groups > internal::kMmaMergeCounters / 2) {
-      return absl::InvalidArgumentError(absl::StrCat("batch x head groups is ", int64_t{params.batch} * plan.head_groups,
-                                                     ", at most ", internal::kMmaMergeCounters / 2));
-    }
-    need = internal::MmaWorkspaceBytes(PartialRows(partition, params.num_heads));
-  }
+  const size_t need = internal::MmaWorkspaceBytes(params.batch, params.num_heads, plan.num_splits);
   if (need > 0 && (params.workspace == nullptr || params.workspace_bytes < need || !Aligned(params.workspace, 16))) {
     return absl::InvalidArgumentError(absl::StrCat("workspace has ", params.workspace_bytes,
                                                    " bytes (or is null or misaligned); this launch needs ",
                                                    need, " bytes, 16-byte aligned"));
   }
-  return CudaStatus(internal::LaunchMmaDecode(params, wide, plan.m_tiles, plan.tile_rows, plan.num_splits,
-                                              partition, plan.pdl, stream),
+  return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.m_tiles, plan.tile_rows,
+                                              plan.num_splits, plan.pdl, stream),
                     "MMA sparse-MLA launch");
 }
 

@@ -26,9 +26,7 @@ std::string_view SparseMlaKernelName(SparseMlaKernel kernel);
 // Overrides for tests and benchmarks; 0 = automatic.
 struct SparseMlaPlanOptions {
   int tile_rows = 0;   // 16 or 32 rows per pipeline step (automatic: 32 where shared memory allows)
-  // Split-KV blocks per (sequence, head group): the wide kernel's splits; for the 8-warp kernel, parts =
-  // batch x num_splits (each sequence cut into num_splits equal runs of tiles).
-  int num_splits = 0;
+  int num_splits = 0;  // split-KV blocks per (sequence, head group)
   int warps = 0;       // MMA block width: 16 (wide kernel, 32-row tiles) or 8 (automatic: see MakeSparseMlaPlan)
   int m_tiles = 0;     // 16-head m-tiles per block: 1, 2 or 4 (automatic: see MakeSparseMlaPlan)
   int pdl = 0;         // split combine with programmatic dependent launch: 1 on, -1 off (0 = automatic)
@@ -43,26 +41,15 @@ struct SparseMlaPlan {
   int m_tiles = 0;          // MMA: 16-head m-tiles per block (1, 2 or 4)
   int head_groups = 0;      // MMA: blocks per sequence along heads (H / (16 * m_tiles))
   int tile_rows = 0;        // MMA: KV rows per pipeline step
-  // MMA: wide kernel: blocks per (sequence, head group) along the selected rows; 8-warp kernel: the most
-  // parts a sequence is cut into at max_batch (informational).
-  int num_splits = 1;
-  // MMA 8-warp kernel: blocks per head group at max_batch and max_topk (sparse_mla_partition.h); launches
-  // choose the partition for their own batch and top-k the same way (host arithmetic, capturable).
-  int parts = 0;
-  int split_override = 0;   // options.num_splits (0 = automatic partition)
-  int sms = 0;              // multiprocessors of the device the plan was made on
-  int max_resident_blocks = 0;  // MMA 8-warp kernel: blocks resident at once (its launches are one wave)
+  int num_splits = 1;       // MMA: blocks per (sequence, head group) along the selected rows
   bool pdl = false;         // MMA: the combine launches with programmatic dependent launch (sm_90+)
   int smem_bytes = 0;       // MMA: dynamic shared memory per block
-  // SparseMlaParams::workspace needed for any batch <= max_batch at max_topk. Zero the workspace once after
-  // allocating it (cudaMemset): its first 256 KB are merge counters that every completed launch leaves zero.
-  size_t workspace_bytes = 0;
+  size_t workspace_bytes = 0;  // SparseMlaParams::workspace needed for max_batch
 };
 
 // Chooses the launch configuration on the current device: with B * max(H / 64, 1) <= 8 the wide kernel with
-// 16-head (<= 4) or 32-head blocks where its shared memory fits and splits = clamp(SMs / (B * head groups),
-// 1, tiles of max_topk); else the 8-warp kernel with 64-head blocks over a partition of the batch's tiles
-// into at most SMs / head groups parts (ChooseMmaPartition), so every batch fills the GPU.
+// 16-head (<= 4) or 32-head blocks where its shared memory fits, else the 8-warp kernel with 64-head blocks;
+// splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU.
 // Raises the kernel's shared memory limit.
 absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
                                                 int max_topk, const SparseMlaPlanOptions& options = {});

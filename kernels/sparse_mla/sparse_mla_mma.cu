@@ -1,21 +1,18 @@
 // Tensor-core sparse-MLA decode (bf16 mma.sync m16n8k16, f32 accumulate), design in docs/sparse-mla.md:
 // the 8-warp kernel (any shared memory size: 16- or 32-row tiles; what sm_120 runs) and the split combine
-// kernel of the wide 16-warp kernel of sparse_mla_mma_wide.cu.
+// kernel shared with the wide 16-warp kernel of sparse_mla_mma_wide.cu.
 //
-// One block = one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one part of the
-// batch's work (sparse_mla_partition.h): a run of tiles over one or more consecutive sequences, walked
-// sequence by sequence ("segments"). Per segment the block streams its rows in tiles of kTileRows through a
-// 3-stage cp.async ring (each row gathered by index, read once for all G heads), dequantises each tile once
-// into a bf16 tile in shared memory, and per tile runs three phases separated by barriers:
+// One block = one sequence x one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one
+// split of the selected rows. The block streams its rows in tiles of kTileRows through a 3-stage cp.async
+// ring (each row gathered by index, read once for all G heads), dequantises each tile once into a bf16 tile
+// in shared memory, and per tile runs three phases separated by barriers:
 //   1. scores: S[G, rows] = Q K^T. Q stays in registers (A fragments); warp w owns kWarpM m-tiles and
 //      kQkDims of the 512 dims, so its partial scores are summed over the kDimGroups warps in phase 2.
 //   2. online softmax in f32 (base 2), P (bf16) and the per-head rescale factor to shared memory.
 //   3. O[G, 512] = alpha * O + P V: warp w owns dims [64w, 64w + 64) for all G heads (128 f32 accumulators
 //      per thread at G = 64), and dequantises the next tile meanwhile (ALU work beside the tensor work).
-// A segment that holds a whole sequence applies the sink and writes bf16 directly. A sequence cut between
-// parts: each part writes its normalised partial output and (max, sum), and the last of them to finish (a
-// per-sequence counter in the workspace) merges them by log-sum-exp while they are in L2 -- no second
-// kernel, no f32 round trip through HBM (fourth pass).
+// With several splits each block writes its normalised partial output and LSE, and a second kernel merges
+// them by log-sum-exp; with one split the block applies the sink and writes bf16 directly.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -23,7 +20,6 @@
 
 #include "kernels/sparse_mla/sparse_mla_device.cuh"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
-#include "kernels/sparse_mla/sparse_mla_partition.h"
 
 namespace dsv4::kernels::sparse_mla {
 namespace {
@@ -36,7 +32,6 @@ constexpr int kStages = 3;
 constexpr int kKbStride = 2 * kKvDim + 16;  // bytes per bf16 row; +16 B keeps ldmatrix conflict-free
 constexpr int kDataChunks = kRowDataBytes / 16;  // 36 cp.async chunks of 16 B, then one of 8 B (scales)
 constexpr float kRescaleSlack = 8.f;  // log2 units, see softmax_tile
-static_assert(kMergeCounters == internal::kMmaMergeCounters, "one merge counter region for host and device");
 
 template <int kMTiles, int kTileRows>
 struct MmaConfig {
@@ -66,10 +61,7 @@ struct MmaConfig {
   static constexpr int kOffStatM = kOffAlpha + kHeads * 4;
   static constexpr int kOffStatL = kOffStatM + kHeads * 4;
   static constexpr int kOffStatLq = kOffStatL + kHeads * 4;
-  static constexpr int kOffSegment = kOffStatLq + kHeads * 4;  // segment state (SegmentSeq)
-  static constexpr int kSmemBytes = kOffSegment + 32;
-  // The merge's weights [splits][G] f32 reuse everything below the statistics.
-  static constexpr int kMergeMaxSplits = kOffStatM / (4 * kHeads);
+  static constexpr int kSmemBytes = kOffStatLq + kHeads * 4;
 
   static_assert(kTileRows % 16 == 0 && kThreads % kTileRows == 0, "tile rows");
   static_assert(kRowsPerThread >= 1 && kThreadsPerHead <= 32, "softmax mapping");
@@ -77,125 +69,15 @@ struct MmaConfig {
                 "16-byte alignment of shared regions");
 };
 
-// Merges heads [hb, he) of this block's head group for sequence b from its nsplit partial rows (slots slot0 ..
-// slot0 + nsplit - 1): weights w_s = l_s 2^(m_s - M) / L x sink factor with M = max_s m_s,
-// L = sum_s l_s 2^(m_s - M), lse = (M + log2 L) ln 2. Every part of the sequence merges its own slice of the
-// heads once all parts have written (so each block reads ~G x 2 KB, not nsplit x G x 2 KB: one SM reads L2 at
-// ~70 GB/s, fourth pass). Partials are read with ld.cg (written by other SMs in this launch), in a fixed split
-// order: the result does not depend on timing. Weights: shared memory [nsplit][kHeads].
-template <int kHeads>
-__device__ __forceinline__ void MergeSlice(const SparseMlaParams& p, int b, int head0, int hb, int he, int64_t slot0,
-                                           int nsplit, int64_t rows, float* wts, int tid) {
-  const int H = p.num_heads;
-  const float* ws_o = PartialRows(p);
-  const float* ws_max = ws_o + rows * kKvDim;
-  const float* ws_sum = ws_max + rows;
-  if (tid >= hb && tid < he) {
-    const int h = head0 + tid;
-    float M = -INFINITY, L = 0.f;
-    for (int s = 0; s < nsplit; ++s) {
-      const int64_t r = (slot0 + s) * H + h;
-      if (__ldcg(ws_sum + r) != 0.f) M = fmaxf(M, __ldcg(ws_max + r));
-    }
-    for (int s = 0; s < nsplit; ++s) {
-      const int64_t r = (slot0 + s) * H + h;
-      const float l = __ldcg(ws_sum + r);
-      if (l != 0.f) L += l * exp2f(__ldcg(ws_max + r) - M);
-    }
-    float lse = INFINITY, factor = 0.f;  // no split saw a valid key: zeros, +inf
-    if (M != -INFINITY) {
-      lse = (M + log2f(L)) * kLn2;
-      factor = p.attn_sink ? 1.f / (1.f + expf(__ldg(p.attn_sink + h) - lse)) : 1.f;
-    }
-    for (int s = 0; s < nsplit; ++s) {
-      const int64_t r = (slot0 + s) * H + h;
-      const float l = __ldcg(ws_sum + r);
-      wts[s * kHeads + tid] = l != 0.f && factor != 0.f ? l * exp2f(__ldcg(ws_max + r) - M) / L * factor : 0.f;
-    }
-    p.lse[static_cast<int64_t>(b) * H + h] = lse;
-  }
-  __syncthreads();
-  // (he - hb) x 128 float4 positions; thread tid owns positions tid + kThreads k, eight at a time (x 2 splits
-  // per step: 16 independent L2 loads in flight).
-  constexpr int kBatch = 8;
-  const int count = (he - hb) * (kKvDim / 4);
-  const float4* rows4 = reinterpret_cast<const float4*>(ws_o) + (slot0 * H + head0 + hb) * (kKvDim / 4);
-  const int64_t split_stride4 = static_cast<int64_t>(H) * (kKvDim / 4);
-  uint2* out = reinterpret_cast<uint2*>(p.out) + (static_cast<int64_t>(b) * H + head0 + hb) * (kKvDim / 4);
-#pragma unroll 1
-  for (int k0 = 0; k0 * kThreads < count; k0 += kBatch) {
-    float4 acc[kBatch];
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) acc[k] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 2
-    for (int s = 0; s < nsplit; ++s) {
-      float4 v[kBatch];
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int pos = tid + kThreads * (k0 + k);
-        v[k] = pos < count ? __ldcg(rows4 + s * split_stride4 + pos) : make_float4(0.f, 0.f, 0.f, 0.f);
-      }
-#pragma unroll
-      for (int k = 0; k < kBatch; ++k) {
-        const int pos = tid + kThreads * (k0 + k);
-        const float w = pos < count ? wts[s * kHeads + hb + pos / (kKvDim / 4)] : 0.f;
-        acc[k].x += w * v[k].x;
-        acc[k].y += w * v[k].y;
-        acc[k].z += w * v[k].z;
-        acc[k].w += w * v[k].w;
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kBatch; ++k) {
-      const int pos = tid + kThreads * (k0 + k);
-      if (pos < count) out[pos] = make_uint2(PackBf16x2(acc[k].x, acc[k].y), PackBf16x2(acc[k].z, acc[k].w));
-    }
-  }
-}
-
-__device__ __forceinline__ int LoadAcquire(const int* p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Per-block segment state in shared memory (C::kOffSegment), written by thread 0 between segments where no
-// accumulator is live: the sequence b, its tiles [t0, t1) in this part, and the first and last part of b. The
-// 64-head kernel has no register to spare (253 of 255 before the segment loop), so the segment reads these
-// from shared memory where it needs them (b in every row gather) instead of deriving them with 64-bit
-// arithmetic beside the accumulators.
-struct SegmentState {
-  int b, t0, t1, first, last;
-};
-__device__ __forceinline__ const volatile SegmentState* Segment(const uint8_t* smem_segment) {
-  return reinterpret_cast<const volatile SegmentState*>(smem_segment);
-}
-
-// threadIdx.x read so that the compiler cannot hoist what derives from it out of the segment loop: hoisted,
-// those per-thread offsets stay live across every segment and push the 64-head kernel past 255 registers.
-__device__ __forceinline__ int OpaqueThreadIdx() {
-  int tid;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
-  return tid;
-}
-
-// One segment: tiles [t0, t1) of sequence b (SegmentState) in this block's part, cut at the sequence's used
-// entries.
 template <int kMTiles, int kTileRows>
-__device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale_log2, const MmaPartition& part,
-                                           uint8_t* smem) {
+__global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMlaParams p, float scale_log2) {
   using C = MmaConfig<kMTiles, kTileRows>;
-  const int tid = OpaqueThreadIdx(), lane = tid & 31, warp = tid >> 5;
+  extern __shared__ __align__(16) uint8_t smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, split = blockIdx.y, num_splits = gridDim.y;
   const int H = p.num_heads, head0 = blockIdx.x * C::kHeads;
-  __syncthreads();  // the previous segment is done with shared memory; the segment state is written
-  const int b = Segment(smem + C::kOffSegment)->b;
-  BlockRange range;
-  range.ew = UsedEntries(p.window.topk, p.window.lengths, b);
-  range.n = range.ew + UsedEntries(p.extra.topk, p.extra.lengths, b);
-  range.tile_begin = Segment(smem + C::kOffSegment)->t0;
-  range.num_tiles =
-      max(0, min((range.n + kTileRows - 1) / kTileRows, Segment(smem + C::kOffSegment)->t1) - range.tile_begin);
+  const BlockRange range = MakeRange<kTileRows>(p, b, split, num_splits);
 
   // ---- Q as A fragments, loaded once: warp owns m-tiles [qk_hq * kWarpM, +kWarpM) x its dim group ----
   const int qk_hq = warp % C::kQkHeadGroups, qk_dg = warp / C::kQkHeadGroups;
@@ -225,7 +107,7 @@ __device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale
     const int pos = (range.tile_begin + tile) * kTileRows + row;
     const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
     RowAddress addr{dummy, dummy};
-    const bool valid = pos < range.n && LocateRow(p, Segment(smem + C::kOffSegment)->b, pos, range.ew, addr);
+    const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
     uint8_t* st = smem + stage * C::kRawStage;
     const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
     for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
@@ -455,7 +337,7 @@ __device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale
   }
 
   // ---- epilogue: per-head max / sum to every warp, then normalise and store ----
-  CpAsyncWait<0>();  // nothing is in flight (only empty groups); the merge reuses the raw stages
+  LaunchDependents();
   float* stat_m = reinterpret_cast<float*>(smem + C::kOffStatM);
   float* stat_l = reinterpret_cast<float*>(smem + C::kOffStatL);
   float* stat_lq = reinterpret_cast<float*>(smem + C::kOffStatLq);
@@ -465,84 +347,7 @@ __device__ __forceinline__ void MmaSegment(const SparseMlaParams& p, float scale
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  const int first = Segment(smem + C::kOffSegment)->first, last = Segment(smem + C::kOffSegment)->last;
-  const int b_out = Segment(smem + C::kOffSegment)->b;
-  const int64_t rows = part.Slots() * H;
-  StoreBlockOutput<kMTiles, 64, C::kHeads>(
-      p, o, stat_m, stat_l, stat_lq, b_out, head0,
-      PartialDst{.direct = first == last,  // the whole sequence is in this segment
-                 .row0 = static_cast<int64_t>(MmaPartition::Slot(blockIdx.y, b_out)) * H,
-                 .head_stride = 1,
-                 .rows = rows},
-      tid);
-  if (first == last) return;
-  // Count this part's partial in (every thread's stores made visible device-wide first); the merges run
-  // after the block's last segment (MmaMerges).
-  __threadfence();
-  __syncthreads();
-  if (tid == 0) atomicAdd(static_cast<int*>(p.workspace) + b_out * gridDim.x + blockIdx.x, 1);
-}
-
-// After its last segment, the block merges its slice of the heads of every split sequence it took part in:
-// part k of n merges heads [k G / n, (k + 1) G / n). It waits (spinning on the sequence's counter) until all
-// n parts have written; every block of the launch is resident (one wave, cooperative launch), and a block
-// only waits after writing all its own partials, so the waits end. The last block through resets both
-// counters for the next launch.
-template <int kHeads>
-__device__ __forceinline__ void MmaMerges(const SparseMlaParams& p, const MmaPartition& part, uint8_t* smem,
-                                          int64_t begin, int64_t end) {
-  const int tid = threadIdx.x, part_i = blockIdx.y, head0 = blockIdx.x * kHeads;
-  int* written_base = static_cast<int*>(p.workspace);
-  int* merged_base = written_base + kMergeCounters / 2;
-  const int64_t rows = part.Slots() * p.num_heads;
-  const int b_first = static_cast<int>(begin / part.tiles_per_seq);
-  const int b_last = static_cast<int>((end - 1) / part.tiles_per_seq);
-#pragma unroll 1
-  for (int b = b_first; b <= b_last; ++b) {
-    const int first = part.FirstPart(b), last = part.LastPart(b);
-    if (first == last) continue;
-    const int n = last - first + 1, k = part_i - first;
-    const int counter = b * gridDim.x + blockIdx.x;
-    __syncthreads();  // shared memory (weights) free
-    if (tid == 0) {
-      while (LoadAcquire(written_base + counter) < n) __nanosleep(128);
-    }
-    __syncthreads();
-    __threadfence();
-    MergeSlice<kHeads>(p, b, head0, k * kHeads / n, (k + 1) * kHeads / n, MmaPartition::Slot(first, b), n, rows,
-                       reinterpret_cast<float*>(smem), tid);
-    if (tid == 0 && atomicAdd(merged_base + counter, 1) == n - 1) {
-      written_base[counter] = 0;  // every part has passed its wait
-      merged_base[counter] = 0;
-    }
-  }
-}
-
-template <int kMTiles, int kTileRows>
-__global__ void __launch_bounds__(kThreads, 1)
-    SparseMlaMmaKernel(const SparseMlaParams p, float scale_log2, const MmaPartition part) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  const int64_t begin = part.Begin(blockIdx.y);
-  if (begin == part.Begin(blockIdx.y + 1)) return;  // more parts than tiles
-  volatile SegmentState* seg =
-      reinterpret_cast<volatile SegmentState*>(smem + MmaConfig<kMTiles, kTileRows>::kOffSegment);
-  const int T = part.tiles_per_seq;
-  const int b_first = static_cast<int>(begin / T);
-  const int b_last = static_cast<int>((part.Begin(blockIdx.y + 1) - 1) / T);
-#pragma unroll 1
-  for (int b = b_first; b <= b_last; ++b) {
-    if (threadIdx.x == 0) {  // read by the segment after its first barrier
-      const int64_t seq0 = static_cast<int64_t>(b) * T;
-      seg->b = b;
-      seg->t0 = static_cast<int>(max(begin - seq0, int64_t{0}));
-      seg->t1 = static_cast<int>(min(part.Begin(blockIdx.y + 1) - seq0, static_cast<int64_t>(T)));
-      seg->first = part.FirstPart(b);
-      seg->last = part.LastPart(b);
-    }
-    MmaSegment<kMTiles, kTileRows>(p, scale_log2, part, smem);
-    __syncthreads();  // the segment is done with its state
-  }
-  MmaMerges<MmaConfig<kMTiles, kTileRows>::kHeads>(p, part, smem, begin, part.Begin(blockIdx.y + 1));
+  StoreBlockOutput<kMTiles, 64, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid);
 }
 
 // Merges the splits of one (sequence, head) per block of 128 threads (thread i owns dims 4i..4i+3):
@@ -558,9 +363,8 @@ __global__ void __launch_bounds__(128) SparseMlaCombineKernel(const SparseMlaPar
   const int64_t bh = blockIdx.x;
   const int h = static_cast<int>(bh % p.num_heads);
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
-  const float* partials = PartialRows(p);
-  const float* ws_o = partials + bh * num_splits * kKvDim;
-  const float* m_s = partials + rows * num_splits * kKvDim + bh * num_splits;
+  const float* ws_o = static_cast<const float*>(p.workspace) + bh * num_splits * kKvDim;
+  const float* m_s = static_cast<const float*>(p.workspace) + rows * num_splits * kKvDim + bh * num_splits;
   const float* l_s = m_s + rows * num_splits;
   const float4* o4 = reinterpret_cast<const float4*>(ws_o) + threadIdx.x;
   uint2* out = reinterpret_cast<uint2*>(p.out + bh * kKvDim) + threadIdx.x;
@@ -628,23 +432,12 @@ __global__ void __launch_bounds__(128) SparseMlaCombineKernel(const SparseMlaPar
 }
 
 template <int kMTiles, int kTileRows>
-cudaError_t LaunchMain(const SparseMlaParams& p, const MmaPartition& part, cudaStream_t stream) {
+cudaError_t LaunchMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
   using C = MmaConfig<kMTiles, kTileRows>;
-  // Head groups fastest: the groups of one part (H = 128) run side by side, so a row's second read is an
-  // L2 hit. Cooperative: the merges wait for other blocks, so all blocks must be resident (one wave; the
-  // launcher checks the size).
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(p.num_heads / C::kHeads, part.parts);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = C::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute attr = {};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  const dim3 grid(p.num_heads / C::kHeads, num_splits, p.batch);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  return cudaLaunchKernelEx(&config, SparseMlaMmaKernel<kMTiles, kTileRows>, p, scale_log2, part);
+  SparseMlaMmaKernel<kMTiles, kTileRows><<<grid, kThreads, C::kSmemBytes, stream>>>(p, scale_log2);
+  return cudaGetLastError();
 }
 
 template <int kMTiles, int kTileRows>
@@ -685,34 +478,21 @@ cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows) {
   return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return Prepare<m.value, n.value>(); });
 }
 
-int MmaBlocksPerSm(int m_tiles, int tile_rows) {
-  return Dispatch(m_tiles, tile_rows, [](auto m, auto n) {
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, SparseMlaMmaKernel<m.value, n.value>, kThreads,
-                                                      MmaConfig<m.value, n.value>::kSmemBytes) != cudaSuccess) {
-      return 0;
-    }
-    return blocks;
-  });
-}
-
-int MmaMergeMaxSplits(int m_tiles, int tile_rows) {
-  return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return MmaConfig<m.value, n.value>::kMergeMaxSplits; });
-}
-
-size_t MmaWorkspaceBytes(int64_t partial_rows) {
-  if (partial_rows <= 0) return 0;
-  return static_cast<size_t>(kMergeCounterBytes) + static_cast<size_t>(partial_rows) * (kKvDim + 2) * sizeof(float);
+size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
+  if (num_splits <= 1) return 0;
+  return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 2) * sizeof(float);
 }
 
 cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, int m_tiles, int tile_rows, int num_splits,
-                            const MmaPartition& partition, bool pdl, cudaStream_t stream) {
-  if (!wide) {
+                            bool pdl, cudaStream_t stream) {
+  cudaError_t err = cudaSuccess;
+  if (wide) {
+    err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
+  } else {
     if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
-    return Dispatch(m_tiles, tile_rows,
-                    [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, partition, stream); });
+    err = Dispatch(m_tiles, tile_rows,
+                   [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, num_splits, stream); });
   }
-  const cudaError_t err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
   if (err != cudaSuccess || num_splits == 1) return err;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
   cudaLaunchConfig_t config = {};

@@ -370,11 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  const PartialDst dst{.direct = num_splits == 1,
-                       .row0 = static_cast<int64_t>(b) * H * num_splits + split,
-                       .head_stride = num_splits,
-                       .rows = static_cast<int64_t>(p.batch) * H * num_splits};
-  StoreBlockOutput<kMTiles, kPvDims, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, dst, tid);
+  StoreBlockOutput<kMTiles, kPvDims, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid);
 }
 
 template <int kMTiles>
