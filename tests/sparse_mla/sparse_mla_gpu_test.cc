@@ -158,8 +158,20 @@ void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.spec.Name(); }
 
 class GpuSparseMla : public ::testing::TestWithParam<GpuCase> {};
 
+// Whether the sm_90a wgmma kernel can run here (an sm_90a build on a compute capability 9.0 GPU).
+bool WgmmaRuns() {
+  int device = 0, major = 0, minor = 0;
+  return internal::MmaWgmmaBuilt() && cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+         minor == 0;
+}
+
 TEST_P(GpuSparseMla, MatchesReference) {
   SKIP_WITHOUT_GPU();
+  if (GetParam().options.wgmma == 1 && !WgmmaRuns()) {
+    GTEST_SKIP() << "the wgmma kernel needs an sm_90a build (90a in CMAKE_CUDA_ARCHITECTURES) on an sm_90 GPU";
+  }
   const ProblemSpec& s = GetParam().spec;
   const HostProblem host = MakeProblem(s);
   std::vector<uint16_t> host_out(host.q.size());
@@ -174,9 +186,10 @@ TEST_P(GpuSparseMla, MatchesReference) {
     ASSERT_TRUE(run.ok()) << run.status();
     const ErrorReport vs_bf16 = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/true);
     const ErrorReport vs_exact = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/false);
-    std::printf("[%s] %s warps=%d tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n"
+    std::printf("[%s] %s warps=%d wgmma=%d tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n"
                 "  vs exact reference:       %s\n",
-                mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps, run->plan.tile_rows, run->plan.num_splits,
+                mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps, run->plan.wgmma ? 1 : 0, run->plan.tile_rows,
+                run->plan.num_splits,
                 vs_bf16.ToString().c_str(), vs_exact.ToString().c_str());
     const double tol = mma ? 1e-2 : 1e-4;
     EXPECT_EQ(vs_bf16.nan_count, 0);
@@ -278,7 +291,28 @@ INSTANTIATE_TEST_SUITE_P(
              {.tile_rows = 16, .warps = 8}),
         Case({.batch = 40, .heads = 64, .topk_window = 64, .topk_extra = 136, .lengths = true, .holes = 0.1,
               .seed = 148},
-             {.tile_rows = 16})),
+             {.tile_rows = 16}),
+        // The sm_90a wgmma kernel forced (skipped where it cannot run), at shapes the plan would give the wide
+        // kernel too; and the mma.sync 8-warp kernel forced where the plan picks wgmma on sm_90a.
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 150},
+             {.wgmma = 1}),
+        Case({.batch = 3, .heads = 128, .topk_window = 128, .topk_extra = 872, .page_rows_extra = 256,
+              .lengths = true, .extreme = true, .seed = 151},
+             {.wgmma = 1}),
+        Case({.batch = 5, .heads = 64, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 152},
+             {.wgmma = 1}),
+        Case({.batch = 16, .heads = 64, .topk_window = 64, .topk_extra = 448, .page_rows_window = 256,
+              .page_rows_extra = 2, .holes = 0.1, .empty_every = 5, .extreme = true, .sink = false, .seed = 153},
+             {.num_splits = 3, .wgmma = 1}),
+        Case({.batch = 4, .heads = 64, .topk_window = 5, .topk_extra = 7, .page_rows_window = 1, .seed = 154},
+             {.wgmma = 1}),
+        Case({.batch = 128, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 155},
+             {.wgmma = -1}),
+        Case({.batch = 64, .heads = 128, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 156},
+             {.wgmma = -1}),
+        Case({.batch = 96, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 7,
+              .seed = 157},
+             {.wgmma = -1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
@@ -286,6 +320,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (info.param.options.warps) name += "_w" + std::to_string(info.param.options.warps);
       if (info.param.options.m_tiles) name += "_m" + std::to_string(info.param.options.m_tiles);
       if (info.param.options.pdl) name += "_pdl" + std::to_string(info.param.options.pdl);
+      if (info.param.options.wgmma) name += info.param.options.wgmma == 1 ? "_wgmma" : "_mmasync";
       return name;
     });
 
@@ -297,8 +332,10 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
   ASSERT_TRUE(dev.ok());
   // The wide kernel's combine without and with programmatic dependent launch, and the 8-warp kernel's.
   for (const SparseMlaPlanOptions options : {SparseMlaPlanOptions{.pdl = -1}, SparseMlaPlanOptions{.pdl = 1},
-                                             SparseMlaPlanOptions{.warps = 8}}) {
-    SCOPED_TRACE(::testing::Message() << "pdl " << options.pdl << ", warps " << options.warps);
+                                             SparseMlaPlanOptions{.warps = 8}, SparseMlaPlanOptions{.wgmma = 1}}) {
+    SCOPED_TRACE(::testing::Message() << "pdl " << options.pdl << ", warps " << options.warps << ", wgmma "
+                                      << options.wgmma);
+    if (options.wgmma == 1 && !WgmmaRuns()) continue;
     auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, options);
     ASSERT_TRUE(direct.ok()) << direct.status();
     ASSERT_GT(direct->plan.num_splits, 1) << "the graph should hold the split and combine kernels";
@@ -368,6 +405,10 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.m_tiles = 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.wgmma = 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.wgmma = 1}).status().code(),
+            absl::StatusCode::kOk);  // 16 heads: no 64-head block
 }
 
 // The kernels' dequantisation (DequantE4m3x4) against the host conversions of common/float_formats.h, bit
