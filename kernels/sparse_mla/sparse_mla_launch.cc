@@ -24,6 +24,8 @@ bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p)
 constexpr bool kWideAtLargeBatch = false;
 // Whether the automatic plan launches the split combine with programmatic dependent launch (sm_90+).
 constexpr bool kAutoPdl = false;
+// The automatic plan uses the wgmma kernel only for blocks of at least this many 32-row tiles.
+constexpr int kWgmmaMinTiles = 8;
 
 }  // namespace
 
@@ -107,19 +109,7 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   if (plan.tile_rows == 0) {
     plan.tile_rows = internal::MmaSmemBytes(plan.m_tiles, 32) <= smem_optin ? 32 : 16;
   }
-  // The wgmma kernel replaces the 8-warp one for 64-head blocks of 32-row tiles: when asked, or by default
-  // when no shape option pins the mma.sync kernels (tests and benchmarks pin them to keep them measured).
-  const bool shape_pinned = options.warps != 0 || options.m_tiles != 0 || options.tile_rows != 0;
-  plan.wgmma = options.wgmma == 1 || (options.wgmma == 0 && !shape_pinned && wgmma_available && plan.warps == 8 &&
-                                      plan.m_tiles == 4 && plan.tile_rows == 32);
-  plan.smem_bytes = plan.warps == 16 ? internal::MmaWideSmemBytes(plan.m_tiles)
-                    : plan.wgmma     ? internal::MmaWgmmaSmemBytes()
-                                     : internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
-  if (plan.smem_bytes > smem_optin) {
-    return absl::FailedPreconditionError(absl::StrCat("the MMA kernel needs ", plan.smem_bytes,
-                                                      " bytes of shared memory per block; this GPU allows ",
-                                                      smem_optin));
-  }
+  // Splits: the same for the 8-warp and the wgmma kernel (both 64-head blocks of 32-row tiles).
   const int tiles = std::max(1, (max_topk + plan.tile_rows - 1) / plan.tile_rows);
   const int64_t blocks = static_cast<int64_t>(max_batch) * plan.head_groups;
   plan.num_splits = options.num_splits > 0
@@ -127,6 +117,22 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
                         : static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
   if (plan.num_splits > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("num_splits is ", plan.num_splits, ", at most 65535"));
+  }
+  // The wgmma kernel replaces the 8-warp one for 64-head blocks of 32-row tiles: when asked, or by default
+  // when no shape option pins the mma.sync kernels (tests and benchmarks pin them to keep them measured) and
+  // each block has at least kWgmmaMinTiles tiles (H200, fourth pass: 5-7% faster from B = 48 at H = 64,
+  // 1-2 us slower at B = 16 / 32 where blocks hold 3-5 tiles and its start-up dominates).
+  const bool shape_pinned = options.warps != 0 || options.m_tiles != 0 || options.tile_rows != 0;
+  const bool long_blocks = (tiles + plan.num_splits - 1) / plan.num_splits >= kWgmmaMinTiles;
+  plan.wgmma = options.wgmma == 1 || (options.wgmma == 0 && !shape_pinned && wgmma_available && long_blocks &&
+                                      plan.warps == 8 && plan.m_tiles == 4 && plan.tile_rows == 32);
+  plan.smem_bytes = plan.warps == 16 ? internal::MmaWideSmemBytes(plan.m_tiles)
+                    : plan.wgmma     ? internal::MmaWgmmaSmemBytes()
+                                     : internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
+  if (plan.smem_bytes > smem_optin) {
+    return absl::FailedPreconditionError(absl::StrCat("the MMA kernel needs ", plan.smem_bytes,
+                                                      " bytes of shared memory per block; this GPU allows ",
+                                                      smem_optin));
   }
   plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits);
   if (options.pdl < -1 || options.pdl > 1) {

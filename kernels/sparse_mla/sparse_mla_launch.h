@@ -54,7 +54,8 @@ struct SparseMlaPlan {
 
 // Chooses the launch configuration on the current device: with B * max(H / 64, 1) <= 8 the wide kernel with
 // 16-head (<= 4) or 32-head blocks where its shared memory fits, else 64-head blocks -- on the sm_90a wgmma
-// kernel where this build has it and the GPU is compute capability 9.0, else on the mma.sync 8-warp kernel;
+// kernel where this build has it, the GPU is compute capability 9.0 and blocks hold >= 8 tiles, else on the
+// mma.sync 8-warp kernel;
 // splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU.
 // Raises the kernel's shared memory limit.
 absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
