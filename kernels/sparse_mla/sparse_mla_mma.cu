@@ -1,6 +1,7 @@
 // Tensor-core sparse-MLA decode (bf16 mma.sync m16n8k16, f32 accumulate), design in docs/sparse-mla.md:
 // the 8-warp kernel (any shared memory size: 16- or 32-row tiles; what sm_120 runs) and the split combine
-// kernel shared with the wide 16-warp kernel of sparse_mla_mma_wide.cu.
+// kernel shared with the wide 16-warp kernel of sparse_mla_mma_wide.cu and the wgmma kernel of
+// sparse_mla_wgmma.cu.
 //
 // One block = one sequence x one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one
 // split of the selected rows. The block streams its rows in tiles of kTileRows through a 3-stage cp.async

@@ -33,11 +33,7 @@ constexpr int kThreads = 256;  // two warpgroups
 constexpr int kHeads = 64;
 constexpr int kRows = 32;      // KV rows per tile
 constexpr int kStages = 3;     // raw tiles in the cp.async ring
-constexpr int kDataChunks = kRowDataBytes / 16;
-constexpr float kRescaleSlack = 8.f;  // log2 units, as the 8-warp kernel
-constexpr int kDimGroups = 2;         // partial score tiles (one per warpgroup)
-constexpr int kThreadsPerHead = kThreads / kHeads;
-constexpr int kRowsPerThread = kRows / kThreadsPerHead;
+constexpr int kDimGroups = 2;  // partial score tiles (one per warpgroup)
 // Shared memory: raw stages [rows x 576][rows x 8 scales][rows x int valid]; Q bf16 (interleaved); two K
 // tiles bf16 (interleaved); partial scores [2][64][rows + 4] f32; P [64][rows + 8] bf16; alpha and stats.
 constexpr int kRawData = kRows * kRowDataBytes;
@@ -61,6 +57,13 @@ static_assert(kRawStage % 16 == 0 && kOffQ % 128 == 0 && kOffK % 128 == 0 && kOf
               "alignment of shared regions");
 static_assert(kSmemBytes <= 227 * 1024, "fits sm_90's 227 KB per block");
 
+// Device-only parts: compiled for sm_90a alone (other targets get an empty kernel the plan never launches).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr int kDataChunks = kRowDataBytes / 16;
+constexpr float kRescaleSlack = 8.f;  // log2 units, as the 8-warp kernel
+constexpr int kThreadsPerHead = kThreads / kHeads;
+constexpr int kRowsPerThread = kRows / kThreadsPerHead;
+
 // Interleaved (no-swizzle) layout of an [R][512] bf16 matrix: the 16 bytes of row r, dims 8c .. 8c + 7 sit
 // at byte (c R + r) 16, so each core matrix (8 rows x 8 dims) is 128 contiguous bytes, rows 16 bytes apart.
 template <int kR>
@@ -76,7 +79,6 @@ __device__ __forceinline__ uint64_t SmemDesc(uint32_t saddr, uint32_t lbo, uint3
          (static_cast<uint64_t>(sbo >> 4) << 32);
 }
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void WgmmaWaitAll() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
