@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One device call for issue 7 (see docs/gpu.md): GPU tests, the benchmark, optional sanitizer / ncu / SASS
-# passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling:
+# One device call for issues 7 / 17 (see docs/gpu.md): GPU tests, the benchmark, optional sanitizer / ncu / SASS
+# passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling a build
+# for sm_90a (the wgmma kernel is only built there):
 #   STEPS="test bench" bash bench/sparse_mla/run_h200.sh
 # Steps: test, memcheck, racecheck, bench, bench_heads, bench_w8 (the 8-warp kernel), bench_mtiles (wide
 # kernel with 16- / 32-head blocks at small batch), base (a baseline build bundled as bin/sparse_mla_bench_base,
@@ -22,10 +23,11 @@ for step in $STEPS; do
     test) timeout 240 $B/bin/sparse_mla_test --gtest_color=no > "$OUT/test.txt" 2>&1
           echo "rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|rel_err\(global\)" "$OUT/test.txt" | grep -E "FAILED|PASSED|SKIPPED" | head -30 ;;
     memcheck) timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*split130*:*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*:*B2_*_w16_m4:*B16_H128*m2:*B48_H64*:*B5_H64*:*B3_H64_K128p872*:*B40_H64*:*B24_H32*' \
+          --gtest_filter='*split130*:*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*:*B2_*_w16_m4:*B16_H128*m2:*_wgmma:*B48_H64*:*B5_H64*:*B3_H64_K128p872*:*B24_H32*' \
           > "$OUT/memcheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/memcheck.txt" ;;
     racecheck) timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*split130*:*B1_H16_K128p256*:*B3_H16*:*B2_*_w16_m4:*B1_H64_K128p512*_m1:*B5_H64*:*B3_H64_K128p872*:*B3_H128*w8' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
+          --gtest_filter='*split130*:*B1_H16_K128p256*:*B3_H16*:*B2_*_w16_m4:*B1_H64_K128p512*_m1:*B1_H64_K128p512_P64x64_holes_wgmma:*B5_H64*:*B4_H64_K5p7*_wgmma:*B3_H64_K128p872*' \
+          > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
     bench) timeout 240 $B/bin/sparse_mla_bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "rc=$?"; cat "$OUT/bench.txt" ;;
     base) timeout 120 $B/bin/sparse_mla_bench_base --kernels=mma --batches=${BASE_BATCHES:-1,16,32,64,128} --mma_peak=false \
           --reps=50 > "$OUT/bench_base.txt" 2>&1; echo "rc=$? (baseline binary)"; grep "^| [0-9]" "$OUT/bench_base.txt" ;;
@@ -46,10 +48,10 @@ for step in $STEPS; do
           tail -6 "$OUT/bench_m$m.txt"; done ;;
     bench_heads) for h in 16 128; do timeout 120 $B/bin/sparse_mla_bench --heads=$h --batches=1,32,128 --reps=50 ${HEADS_ARGS:-} \
           > "$OUT/bench_h$h.txt" 2>&1; echo "rc=$?"; tail -6 "$OUT/bench_h$h.txt"; done ;;
-    ncu) timeout 200 ncu --clock-control none --set full -k regex:SparseMlaMma -c 2 \
+    ncu) timeout 200 ncu --clock-control none --set full -k "regex:SparseMla(Mma|Wgmma)" -c 2 \
           $B/bin/sparse_mla_bench --batches=${NCU_BATCH:-128} --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu.txt" 2>&1
           echo "rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|L2 Hit|Bank" "$OUT/ncu.txt" | head -40 ;;
-    ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k regex:SparseMlaMma -c 1 \
+    ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k "regex:SparseMla(Mma|Wgmma)" -c 1 \
           --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed_pipe_tensor.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
           $B/bin/sparse_mla_bench --batches=$nb --reps=1 --kernels=mma --pool_mb=100 --mma_peak=false ${NCU_ARGS:-} \
           > "$OUT/ncu_stalls_b$nb.txt" 2>&1
@@ -60,7 +62,7 @@ for step in $STEPS; do
     sass8) cuobjdump -sass $B/bin/sparse_mla_bench | awk '/Function : .*SparseMlaMmaKernelILi4ELi32E/ {on=1} /Function : / && !/SparseMlaMmaKernelILi4ELi32E/ {on=0} on' \
           > "$OUT/sass8.txt"; echo "8-warp <4,32> SASS lines: $(wc -l < "$OUT/sass8.txt"), HMMA $(grep -c HMMA "$OUT/sass8.txt"), STL $(grep -c STL "$OUT/sass8.txt"), LDL $(grep -c LDL "$OUT/sass8.txt")"
           grep -n -E "STL|LDL|BAR.SYNC|HMMA|BRA" "$OUT/sass8.txt" | awk -F: '{print $1, $0}' | grep -E "STL|LDL|BRA" | cut -c1-110 | head -60 ;;
-    ncu_dram) for h in 64 128; do timeout 100 ncu --clock-control none -k regex:SparseMlaMma -c 1 --metrics dram__bytes_read.sum,lts__t_bytes.sum,gpu__time_duration.sum \
+    ncu_dram) for h in 64 128; do timeout 100 ncu --clock-control none -k "regex:SparseMla(Mma|Wgmma)" -c 1 --metrics dram__bytes_read.sum,lts__t_bytes.sum,gpu__time_duration.sum \
           $B/bin/sparse_mla_bench --heads=$h --batches=${NCU_BATCH:-64} --reps=1 --kernels=mma --pool_mb=100 --mma_peak=false > "$OUT/ncu_dram_h$h.txt" 2>&1
           echo "rc=$? H=$h"; grep -E "dram__bytes|lts__t_bytes|duration" "$OUT/ncu_dram_h$h.txt"; done ;;
     bench_odd) for bin in sparse_mla_bench_base sparse_mla_bench; do timeout 150 $B/bin/$bin --kernels=mma --mma_peak=false --reps=${ODD_REPS:-50} \
