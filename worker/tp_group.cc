@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/lockstep.h"
 #include "comm/shard.h"
+#include "common/grpc_listen.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -86,10 +87,11 @@ absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
   WorkerService service(nullptr, std::move(service_options));
   grpc::ServerBuilder builder;
   int port = 0;
+  DisallowPortSharing(builder);
   builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind"));
+  DSV4_RETURN_IF_ERROR(CheckListening("--listen", o.listen, server != nullptr, port));
   server->GetHealthCheckService()->SetServingStatus(false);
   WatchSignals(signals, o.drain_timeout_s, o.rank);
 
