@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/raw_rpc.h"
 #include "common/request_validation.h"
 
 namespace dsv4::coordinator {
@@ -79,6 +80,7 @@ class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateRespo
   void OnDone(const grpc::Status& status) override { call_->OnAttemptDone(this, status); }
 
   const GroupHandle& group() const { return group_; }
+  int prompt_size() const { return request_.prompt_token_ids_size(); }  // original prompt + resumed tokens
   int tokens = 0;  // received on this attempt (guarded by the call's mutex)
   FinishReason finish = dsv4::v1::FINISH_REASON_UNSPECIFIED;
 
@@ -122,9 +124,9 @@ bool IsRequestError(grpc::StatusCode code) {
 
 }  // namespace
 
-GenerateCall::GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, const GenerateRequest* request)
+GenerateCall::GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, absl::StatusOr<GenerateRequest> request)
     : env_(env), ctx_(ctx), start_(absl::Now()) {
-  absl::Status admitted = Admit(*request);
+  absl::Status admitted = Admit(request);
   if (!admitted.ok()) {
     {
       absl::MutexLock lock(&mu_);
@@ -142,11 +144,13 @@ GenerateCall::~GenerateCall() {
   if (entered_) env_->tracker->Exit();
 }
 
-absl::Status GenerateCall::Admit(const GenerateRequest& request) {
+absl::Status GenerateCall::Admit(const absl::StatusOr<GenerateRequest>& parsed) {
   if (!env_->tracker->Enter()) {
     return absl::UnavailableError("coordinator is draining and admits no new requests; send to another one");
   }
   entered_ = true;
+  if (!parsed.ok()) return parsed.status();  // the bytes were not a GenerateRequest
+  const GenerateRequest& request = *parsed;
   std::optional<dsv4::v1::GetModelInfoResponse> info = env_->pool->ModelInfo();
   if (!info.has_value() || info->ready_groups() == 0) {
     return absl::UnavailableError(absl::StrCat("no worker group is ready (",
@@ -169,7 +173,6 @@ absl::Status GenerateCall::Admit(const GenerateRequest& request) {
   if (request_.request_id().empty()) {
     request_.set_request_id(absl::StrCat("c-", absl::Hex(absl::Uniform<uint64_t>(absl::BitGen()))));
   }
-  if (env_->metrics != nullptr) env_->metrics->AddPromptTokens(request_.prompt_token_ids_size());
   return absl::OkStatus();
 }
 
@@ -215,6 +218,16 @@ void GenerateCall::OnChunk(Attempt* attempt, const GenerateResponse& chunk) {
     if (attempt != current_ || finish_started_) return;
     const absl::Time now = absl::Now();
     const int n = chunk.token_ids_size();
+    if (n > 0 && attempt->tokens == 0 && env_->metrics != nullptr) {
+      // Prompt tokens count once a group has prefilled them (its first token arrived), as the worker counts
+      // them: the client's prompt on the request's first token; on a failover attempt the prompt that group
+      // prefilled again (original prompt + resumed tokens) goes to the failover counter instead.
+      if (!first_token_.has_value()) {
+        env_->metrics->AddPromptTokens(request_.prompt_token_ids_size());
+      } else if (env_->failover_prompt_tokens != nullptr) {
+        env_->failover_prompt_tokens->Increment(attempt->prompt_size());
+      }
+    }
     if (n > 0) {
       if (!first_token_.has_value()) {
         first_token_ = now;
@@ -362,8 +375,14 @@ void GenerateCall::RecordFinishLocked(std::string_view reason) {
 void GenerateCall::Run(Action action) {
   switch (action) {
     case Action::kNone: return;
-    case Action::kWrite: StartWrite(&out_); return;
-    case Action::kWriteAndFinish: StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK); return;
+    case Action::kWrite:
+      SerializeTo(out_, &out_bytes_);
+      StartWrite(&out_bytes_);
+      return;
+    case Action::kWriteAndFinish:
+      SerializeTo(out_, &out_bytes_);
+      StartWriteAndFinish(&out_bytes_, grpc::WriteOptions(), grpc::Status::OK);
+      return;
     case Action::kFinishError: {
       absl::Status error;
       {

@@ -31,8 +31,10 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/status/statusor.h"
 #include "coordinator/group_pool.h"
 #include "dsv4/v1/coordinator.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "metrics/serving_metrics.h"
 #include "prometheus/counter.h"
@@ -62,12 +64,18 @@ struct CallEnv {
   CallTracker* tracker = nullptr;
   metrics::ServingMetrics* metrics = nullptr;  // may be null (unit tests)
   prometheus::Counter* failovers = nullptr;    // dsv4_coordinator_failovers_total; may be null
+  // dsv4_coordinator_failover_prompt_tokens_total: prompt tokens (original prompt + tokens already streamed)
+  // that a group prefilled again for a failed-over request; may be null.
+  prometheus::Counter* failover_prompt_tokens = nullptr;
   int max_attempts = 4;                        // upstream streams per request, first one included
 };
 
-class GenerateCall final : public grpc::ServerWriteReactor<dsv4::v1::GenerateResponse> {
+// Writes raw bytes: Coordinator.Generate is a raw method (common/raw_rpc.h), so the request arrives decoded by
+// the server (or as the error saying why it could not be) and each response is encoded before its write.
+class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, const dsv4::v1::GenerateRequest* request);
+  // `request`: the decoded request, or INVALID_ARGUMENT when it could not be decoded (answered at once).
+  GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, absl::StatusOr<dsv4::v1::GenerateRequest> request);
   ~GenerateCall() override;
 
   void OnWriteDone(bool ok) override;
@@ -80,7 +88,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<dsv4::v1::GenerateRes
   // What to do after unlocking.
   enum class Action { kNone, kWrite, kWriteAndFinish, kFinishError, kRoute };
 
-  absl::Status Admit(const dsv4::v1::GenerateRequest& request);
+  absl::Status Admit(const absl::StatusOr<dsv4::v1::GenerateRequest>& request);
   void Route();
   void OnChunk(Attempt* attempt, const dsv4::v1::GenerateResponse& chunk);
   void OnAttemptDone(Attempt* attempt, const grpc::Status& status);
@@ -117,6 +125,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<dsv4::v1::GenerateRes
   std::optional<absl::Time> first_token_ ABSL_GUARDED_BY(mu_);
   absl::Time last_token_ ABSL_GUARDED_BY(mu_);
   dsv4::v1::GenerateResponse out_;  // the message being written; touched only by the one writer
+  grpc::ByteBuffer out_bytes_;      // out_ encoded, for the write in flight
 };
 
 }  // namespace dsv4::coordinator

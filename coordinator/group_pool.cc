@@ -267,11 +267,18 @@ bool GroupPool::Saturated(const Group& g) const {
 
 absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
+  // ready: every ready group, those this request already tried included (a group that refused it with a full
+  // queue stays ready), so the messages below count what an operator sees; open: where it may go now.
   std::vector<Group*> ready, open;
+  int tried = 0;
   for (auto& g : groups_) {
-    if (!g->ready() || exclude.contains(g->address)) continue;
+    if (!g->ready()) continue;
     ready.push_back(g.get());
-    if (!Saturated(*g)) open.push_back(g.get());
+    if (exclude.contains(g->address)) {
+      ++tried;
+    } else if (!Saturated(*g)) {
+      open.push_back(g.get());
+    }
   }
   if (ready.empty()) {
     return absl::UnavailableError(absl::StrCat("no worker group is ready (", groups_.size(), " known, ",
@@ -281,8 +288,10 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
     double step = 0;
     for (const Group* g : ready) step = std::max(step, g->load.recent_step_seconds());
     const int64_t hint_ms = std::clamp<int64_t>(static_cast<int64_t>(step * 1000.0), 50, 5000);
-    absl::Status busy = absl::ResourceExhaustedError(
-        absl::StrCat("all ", ready.size(), " ready worker groups are saturated; retry after ", hint_ms, " ms"));
+    absl::Status busy = absl::ResourceExhaustedError(absl::StrCat(
+        "all ", ready.size(), " ready worker groups are saturated",
+        tried > 0 ? absl::StrCat(" (", tried, " of them already tried for this request)") : "", "; retry after ",
+        hint_ms, " ms"));
     busy.SetPayload(kRetryAfterMsPayload, absl::Cord(absl::StrCat(hint_ms)));
     return busy;
   }

@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "common/flag_help.h"
 #include "common/logging.h"
 #include "coordinator/group_pool.h"
 #include "coordinator/dashed_flags.h"
@@ -58,7 +59,10 @@ int Fail(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("dsv4-coordinator --listen HOST:PORT --workers HOST:PORT[,HOST:PORT...]");
+  constexpr char kUsage[] =
+      "dsv4-coordinator --listen HOST:PORT --workers HOST:PORT[,HOST:PORT...] (docs/coordinator.md)";
+  dsv4::HandleHelpFlag(argc, argv, kUsage, "coordinator/main.cc");
+  absl::SetProgramUsageMessage(kUsage);
   std::vector<std::string> flag_storage;
   dsv4::UnderscoreFlagNames(argc, argv, flag_storage);
   absl::ParseCommandLine(argc, argv);

@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_listen.h"
 #include "common/logging.h"
+#include "common/raw_rpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -14,27 +16,35 @@
 
 namespace dsv4::coordinator {
 
-class CoordinatorServer::Service final : public dsv4::v1::Coordinator::CallbackService {
+// Both methods are raw (common/raw_rpc.h): the handlers decode the request themselves, so one that does not
+// decode gets INVALID_ARGUMENT instead of gRPC's own UNIMPLEMENTED with no message.
+class CoordinatorServer::Service final
+    : public dsv4::v1::Coordinator::WithRawCallbackMethod_Generate<
+          dsv4::v1::Coordinator::WithRawCallbackMethod_GetModelInfo<dsv4::v1::Coordinator::Service>> {
  public:
   explicit Service(CallEnv* env) : env_(env) {}
 
-  grpc::ServerWriteReactor<dsv4::v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
-                                                                const dsv4::v1::GenerateRequest* request) override {
-    return new GenerateCall(env_, ctx, request);  // deletes itself
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* bytes) override {
+    dsv4::v1::GenerateRequest request;
+    absl::Status parsed = ParseRequest(*bytes, &request);
+    if (!parsed.ok()) return new GenerateCall(env_, ctx, std::move(parsed));  // deletes itself
+    return new GenerateCall(env_, ctx, std::move(request));
   }
 
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const dsv4::v1::GetModelInfoRequest*,
-                                         dsv4::v1::GetModelInfoResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override {
+    auto* call = new UnaryCall<dsv4::v1::GetModelInfoRequest, dsv4::v1::GetModelInfoResponse>(in, out);
+    if (!call->parsed()) return call;
     std::optional<dsv4::v1::GetModelInfoResponse> info = env_->pool->ModelInfo();
     if (!info.has_value()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                   "no worker group has reported its model yet (see the coordinator log)"));
-      return reactor;
+      call->Reply(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "no worker group has reported its model yet (see the coordinator log)"));
+      return call;
     }
-    *response = *info;
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    *call->response() = *info;
+    call->Reply(grpc::Status::OK);
+    return call;
   }
 
  private:
@@ -53,7 +63,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
     if (!m.ok()) return m.status();
     s->metrics_server_ = *std::move(m);
     prometheus::Registry& registry = *s->metrics_server_->registry();
-    s->metrics_ = std::make_unique<metrics::ServingMetrics>(registry, labels);
+    s->metrics_ = std::make_unique<metrics::ServingMetrics>(registry, labels, metrics::SeriesSet::kCoordinator);
     const std::map<std::string, std::string> l{
         {"role", labels.role}, {"group", std::to_string(labels.group)}, {"rank", std::to_string(labels.rank)}};
     s->failovers_ = &prometheus::BuildCounter()
@@ -61,6 +71,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                          .Help("Requests resubmitted to another worker group after their group failed mid-stream")
                          .Register(registry)
                          .Add(l);
+    s->failover_prompt_tokens_ =
+        &prometheus::BuildCounter()
+             .Name("dsv4_coordinator_failover_prompt_tokens_total")
+             .Help("Prompt tokens a worker group prefilled again for a failed-over request (the original prompt "
+                   "plus the tokens already streamed)")
+             .Register(registry)
+             .Add(l);
     s->ready_groups_ = &prometheus::BuildGauge()
                             .Name("dsv4_coordinator_ready_groups")
                             .Help("Worker groups the coordinator currently routes to")
@@ -79,17 +96,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                     .tracker = &s->tracker_,
                     .metrics = s->metrics_.get(),
                     .failovers = s->failovers_,
+                    .failover_prompt_tokens = s->failover_prompt_tokens_,
                     .max_attempts = options.max_attempts};
   s->service_ = std::make_unique<Service>(&s->env_);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
+  DisallowPortSharing(builder);
   builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", options.listen));
+  if (absl::Status st = CheckListening("--listen", options.listen, s->server_ != nullptr, s->port_); !st.ok()) {
+    return st;
   }
   s->server_->GetHealthCheckService()->SetServingStatus(false);
   s->RefreshHealth();

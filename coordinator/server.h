@@ -65,6 +65,7 @@ class CoordinatorServer {
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::unique_ptr<metrics::ServingMetrics> metrics_;
   prometheus::Counter* failovers_ = nullptr;
+  prometheus::Counter* failover_prompt_tokens_ = nullptr;
   prometheus::Gauge* ready_groups_ = nullptr;
   std::unique_ptr<GroupPool> pool_;
   CallTracker tracker_;

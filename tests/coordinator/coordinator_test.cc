@@ -1,6 +1,7 @@
 // Coordinator behaviour against in-process fake worker groups (fake_worker.h): streaming, validation,
-// load-aware routing, saturation, failover stitching, cancellation, drain. Each test runs in well under a
-// second; the real-process tests (real workers, kill -9) are in real_process_test.cc.
+// load-aware routing, saturation, failover stitching, undecodable requests, prompt-token accounting,
+// cancellation, drain. Each test runs in about a second or less;
+// the real-process tests (real workers, kill -9) are in process_test.cc.
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_worker.h"
+#include "tests/coordinator/process_helpers.h"
 #include "tests/coordinator/test_client.h"
 
 namespace dsv4::testing {
@@ -22,7 +24,7 @@ class CoordinatorTest : public ::testing::Test {
     for (const FakeWorkerOptions& o : options) workers_.push_back(std::make_unique<FakeWorker>(o));
   }
   void StartCoordinator(int max_attempts = 4, int expect_ready = -1) {
-    coordinator::CoordinatorOptions o;
+    coordinator::CoordinatorOptions o = options_;  // tests may set deadlines or metrics there first
     o.listen = "127.0.0.1:0";
     for (const auto& w : workers_) o.workers.push_back(w->address());
     o.poll_interval = absl::Milliseconds(20);
@@ -39,6 +41,11 @@ class CoordinatorTest : public ::testing::Test {
   // Waits until every group's polled load reflects what the fakes now report.
   void WaitPolls() { absl::SleepFor(absl::Milliseconds(80)); }
 
+  std::string Scrape() {
+    return HttpGet(absl::StrCat("127.0.0.1:", server_->metrics_port()), "/metrics");
+  }
+
+  coordinator::CoordinatorOptions options_;
   std::vector<std::unique_ptr<FakeWorker>> workers_;
   std::unique_ptr<coordinator::CoordinatorServer> server_;
   std::string address_;
@@ -345,6 +352,79 @@ TEST_F(CoordinatorTest, BenchRunnerRecordsEveryRequest) {
     EXPECT_EQ(sum.completed, 10);
     EXPECT_GT(sum.output_tok_s, 0);
   }
+}
+
+// Issue 16 #4: the count in the saturation message includes the groups this request already tried (here a
+// group that refused it with a full queue), not only the ones left to try.
+TEST_F(CoordinatorTest, SaturationMessageCountsEveryReadyGroup) {
+  StartWorkers({{.queue_full = true}, {}});
+  dsv4::v1::GetLoadResponse full;
+  full.set_max_batch(4);
+  full.set_running(4);
+  full.set_waiting(8);
+  full.set_max_waiting(8);
+  workers_[1]->SetLoad(full);
+  StartCoordinator();
+  WaitPolls();
+  StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("all 2 ready worker groups are saturated (1 of them already tried for this request)"));
+  EXPECT_EQ(workers_[0]->generate_calls(), 1);
+  EXPECT_EQ(workers_[1]->generate_calls(), 0);
+}
+
+// Issue 16 #2: bytes that are not a request get INVALID_ARGUMENT saying so (gRPC's typed handlers answered
+// UNIMPLEMENTED with no message), and nothing reaches a worker.
+TEST_F(CoordinatorTest, UndecodableRequestsAreInvalidArgument) {
+  StartWorkers({{}});
+  StartCoordinator();
+  // The hand-made body is a valid request but for its request_id: the same bytes with "ab" are the encoding.
+  dsv4::v1::GenerateRequest valid = MakeRequest({5, 6, 7}, 4);
+  valid.set_request_id("ab");
+  std::string bad_utf8 = GenerateRequestWithBadUtf8();
+  std::string ab = bad_utf8;
+  ab.replace(2, 2, "ab");
+  ASSERT_EQ(valid.SerializeAsString(), ab);
+
+  grpc::Status st = RawUnaryCall(address_, "/dsv4.v1.Coordinator/Generate", bad_utf8);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("could not be parsed as dsv4.v1.GenerateRequest"));
+  EXPECT_THAT(st.error_message(), HasSubstr("request_id"));
+  st = RawUnaryCall(address_, "/dsv4.v1.Coordinator/Generate", std::string("\xff\xff\xff\xff\x0f", 5));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("could not be parsed"));
+  st = RawUnaryCall(address_, "/dsv4.v1.Coordinator/GetModelInfo", std::string("\x0b\x0b", 2));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("could not be parsed as dsv4.v1.GetModelInfoRequest"));
+  EXPECT_EQ(workers_[0]->generate_calls(), 0);
+  const StreamResult r = RunGenerate(*stub_, MakeRequest({5, 6, 7}, 4));  // still serving
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration({5, 6, 7}, 4, false, 0, 1000));
+}
+
+// Issue 16 #5: dsv4_prompt_tokens_total counts a request's prompt once a group has prefilled it (first token);
+// a failover's second prefill (prompt + resumed tokens) goes to dsv4_coordinator_failover_prompt_tokens_total,
+// so the coordinator's two counters add up to what the worker groups count. Rejected requests count nothing.
+TEST_F(CoordinatorTest, PromptTokensCountEachPrefillOnce) {
+  StartWorkers({{.die_after_tokens = 5}, {}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[1]->SetLoad(busy);
+  options_.metrics_listen = "127.0.0.1:0";
+  StartCoordinator();
+  WaitPolls();
+  EXPECT_EQ(RunGenerate(*stub_, MakeRequest({1, 5000}, 4)).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const StreamResult r = RunGenerate(*stub_, MakeRequest({11, 12, 13}, 16));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(workers_[1]->requests().size(), 1u);
+  const int resumed = workers_[1]->requests()[0].resume_generated();
+  ASSERT_GE(resumed, 1);
+  const std::string scrape = Scrape();
+  EXPECT_EQ(MetricValue(scrape, "dsv4_prompt_tokens_total{"), 3) << scrape;
+  EXPECT_EQ(MetricValue(scrape, "dsv4_coordinator_failover_prompt_tokens_total{"), 3 + resumed);
+  EXPECT_EQ(MetricValue(scrape, "dsv4_generation_tokens_total{"), 16);
+  EXPECT_EQ(MetricValue(scrape, "dsv4_coordinator_failovers_total{"), 1);
 }
 
 TEST(WorkerListTest, ParsesAndRejects) {
