@@ -16,9 +16,10 @@ function(dsv4_library name)
   dsv4_warnings(${name})
 endfunction()
 
-# dsv4_test(NAME SOURCES ... DEPS ... [LABELS ...]): one GoogleTest binary, each test case its own ctest.
+# dsv4_test(NAME SOURCES ... DEPS ... [LABELS ...] [SERIAL]): one GoogleTest binary, each test case its own
+# ctest. SERIAL: the cases run with nothing else beside them (RUN_SERIAL), for multi-process timing tests.
 function(dsv4_test name)
-  cmake_parse_arguments(A "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "SERIAL" "" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE ${A_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
@@ -29,9 +30,13 @@ function(dsv4_test name)
   endif()
   # Two single-valued properties: a ';'-joined ENVIRONMENT list would be split by gtest_discover_tests and
   # only its first entry would reach the tests.
+  set(serial FALSE)
+  if(A_SERIAL)
+    set(serial TRUE)
+  endif()
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${labels}" ENVIRONMENT "DSV4_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
-               ENVIRONMENT_MODIFICATION "DSV4_BINARY_DIR=set:${PROJECT_BINARY_DIR}")
+               ENVIRONMENT_MODIFICATION "DSV4_BINARY_DIR=set:${PROJECT_BINARY_DIR}" RUN_SERIAL ${serial})
 endfunction()
 
 # Adds every immediate subfolder of the calling folder that has its own CMakeLists.txt.

@@ -2,6 +2,7 @@
 #include "coordinator/generate_call.h"
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 
 #include "absl/random/random.h"
@@ -54,10 +55,11 @@ int CallTracker::inflight() const {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Attempt: one upstream Worker.Generate stream. Owned by its GenerateCall (never outlives it); reports every
-// chunk and its end to the call.
+// Attempt: one upstream Worker.Generate stream. Owned by its GenerateCall (never outlives it but for the
+// length of a watchdog Abandon, which touches only the attempt's own state); reports every chunk and its end
+// to the call.
 
-class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateResponse> {
+class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateResponse>, public WatchedStream {
  public:
   Attempt(GenerateCall* call, GroupHandle group, GenerateRequest request)
       : call_(call), group_(std::move(group)), request_(std::move(request)) {}
@@ -65,6 +67,7 @@ class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateRespo
   void Start(std::chrono::system_clock::time_point deadline) {
     // The client's deadline bounds the upstream stream too (gRPC reports "none" as time_point::max()).
     if (deadline != std::chrono::system_clock::time_point::max()) ctx_.set_deadline(deadline);
+    last_activity_ns_.store(absl::ToUnixNanos(absl::Now()));
     group_.stub->async()->Generate(&ctx_, &request_, this);
     StartRead(&chunk_);
     StartCall();
@@ -73,11 +76,35 @@ class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateRespo
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended; OnDone follows with its status
+    last_activity_ns_.store(absl::ToUnixNanos(absl::Now()));
+    received_any_.store(true);
     call_->OnChunk(this, chunk_);
     StartRead(&chunk_);
   }
   // Nothing may touch `this` after OnAttemptDone: it may delete the call, which owns this attempt.
-  void OnDone(const grpc::Status& status) override { call_->OnAttemptDone(this, status); }
+  void OnDone(const grpc::Status& status) override {
+    ended_.store(true);
+    call_->OnAttemptDone(this, status);
+  }
+
+  // WatchedStream
+  const std::string& group_address() const override { return group_.address; }
+  absl::Time last_activity() const override { return absl::FromUnixNanos(last_activity_ns_.load()); }
+  bool received_any() const override { return received_any_.load(); }
+  bool ended() const override { return ended_.load(); }
+  void Abandon(const std::string& why) override {
+    {
+      absl::MutexLock lock(&abandon_mu_);
+      if (!abandoned_why_.empty()) return;
+      abandoned_why_ = why;
+    }
+    ctx_.TryCancel();
+  }
+  // Why the watchdog abandoned this stream ("" = it did not).
+  std::string abandoned_why() const {
+    absl::MutexLock lock(&abandon_mu_);
+    return abandoned_why_;
+  }
 
   const GroupHandle& group() const { return group_; }
   int prompt_size() const { return request_.prompt_token_ids_size(); }  // original prompt + resumed tokens
@@ -90,6 +117,11 @@ class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateRespo
   const GenerateRequest request_;
   grpc::ClientContext ctx_;
   GenerateResponse chunk_;
+  std::atomic<int64_t> last_activity_ns_{0};
+  std::atomic<bool> received_any_{false};
+  std::atomic<bool> ended_{false};
+  mutable absl::Mutex abandon_mu_;
+  std::string abandoned_why_ ABSL_GUARDED_BY(abandon_mu_);
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -198,8 +230,9 @@ void GenerateCall::Route() {
       if (!group.ok()) {
         action = FailLocked(group.status());
       } else {
-        attempts_.push_back(std::make_unique<Attempt>(this, *std::move(group), UpstreamRequestLocked()));
+        attempts_.push_back(std::make_shared<Attempt>(this, *std::move(group), UpstreamRequestLocked()));
         attempt = current_ = attempts_.back().get();
+        if (env_->watchdog != nullptr) env_->watchdog->Watch(attempts_.back());
         ++refs_;
         state_ = State::kStreaming;
         DSV4_LOG_DEBUG("req={} routed to {} (attempt {})", request_.request_id(), attempt->group().address,
@@ -263,6 +296,7 @@ void GenerateCall::OnAttemptDone(Attempt* attempt, const grpc::Status& status) {
     absl::MutexLock lock(&mu_);
     current_ = nullptr;
     const FinishReason finish = attempt->finish;
+    const std::string abandoned = attempt->abandoned_why();
     if (finish_started_) {
       // Nothing left to decide.
     } else if (cancelled_) {
@@ -272,6 +306,8 @@ void GenerateCall::OnAttemptDone(Attempt* attempt, const grpc::Status& status) {
       final_reason_ = finish;
       state_ = State::kFinishing;
       action = NextWriteLocked();
+    } else if (!abandoned.empty()) {
+      action = FailoverLocked(attempt, abandoned);  // the watchdog found the group hung
     } else if (status.ok()) {
       // ABORT without a client cancel means the group drained past its timeout; no finish at all means the
       // stream broke. Either way the request lives on elsewhere.

@@ -220,8 +220,23 @@ void GroupPool::PollOnce() {
     });
   }
   done.Wait();
-  absl::MutexLock lock(&mu_);
-  for (const Poll& p : polls) ApplyPollLocked(p, started);
+  std::vector<std::pair<std::string, std::string>> unanswered;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Poll& p : polls) {
+      ApplyPollLocked(p, started);
+      if (p.load_status.ok()) continue;
+      unanswered.emplace_back(
+          p.group->address,
+          p.load_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+              ? absl::StrCat("no GetLoad answer within the health deadline (",
+                             absl::ToInt64Milliseconds(options_.rpc_timeout), " ms)")
+              : absl::StrCat("GetLoad failed: ", p.load_status.error_message()));
+    }
+  }
+  if (options_.on_unanswered) {
+    for (const auto& [address, why] : unanswered) options_.on_unanswered(address, why);
+  }
 }
 
 void GroupPool::ApplyPollLocked(const Poll& p, absl::Time started) {

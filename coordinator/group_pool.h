@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -43,8 +44,11 @@ namespace dsv4::coordinator {
 struct GroupPoolOptions {
   std::vector<std::string> targets;              // "host:port" entries; DNS names may resolve to many groups
   absl::Duration poll_interval = absl::Milliseconds(100);
-  absl::Duration rpc_timeout = absl::Seconds(1);  // per GetLoad / GetModelInfo poll
+  absl::Duration rpc_timeout = absl::Seconds(1);  // per GetLoad / GetModelInfo poll: the health deadline
   uint64_t seed = 0;                              // p2c random choices (tests pin it)
+  // Called on the watcher thread, with no pool lock held, after each poll that a group did not answer
+  // (address, why); the coordinator fails over that group's silent streams. May be empty.
+  std::function<void(const std::string& address, const std::string& why)> on_unanswered = nullptr;
 };
 
 // One group as a request sees it: where to send, and what to release afterwards.

@@ -85,11 +85,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                             .Add(l);
   }
 
-  GroupPoolOptions pool_options{.targets = options.workers,
-                                .poll_interval = options.poll_interval,
-                                .rpc_timeout = options.poll_timeout,
-                                .seed = options.route_seed != 0 ? options.route_seed
-                                                                : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
+  if (options.poll_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--health-timeout-ms must be >= 1");
+  }
+  s->watchdog_ = std::make_unique<StreamWatchdog>(options.stream_idle_timeout);
+  const absl::Duration health = options.poll_timeout;
+  GroupPoolOptions pool_options{
+      .targets = options.workers,
+      .poll_interval = options.poll_interval,
+      .rpc_timeout = health,
+      .seed = options.route_seed != 0 ? options.route_seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())),
+      // A group that missed its health deadline: its streams silent for as long are hung with it.
+      .on_unanswered = [w = s->watchdog_.get(), health](const std::string& address, const std::string& why) {
+        const int n = w->AbandonSilent(address, health, why);
+        if (n > 0) DSV4_LOG_WARN("coordinator: group {}: {}; failing over its {} silent streams", address, why, n);
+      }};
   s->pool_ = std::make_unique<GroupPool>(std::move(pool_options));
   if (absl::Status st = s->pool_->Start(); !st.ok()) return st;
   s->env_ = CallEnv{.pool = s->pool_.get(),
@@ -97,6 +107,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                     .metrics = s->metrics_.get(),
                     .failovers = s->failovers_,
                     .failover_prompt_tokens = s->failover_prompt_tokens_,
+                    .watchdog = s->watchdog_.get(),
                     .max_attempts = options.max_attempts};
   s->service_ = std::make_unique<Service>(&s->env_);
 

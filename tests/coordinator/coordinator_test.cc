@@ -1,7 +1,10 @@
 // Coordinator behaviour against in-process fake worker groups (fake_worker.h): streaming, validation,
-// load-aware routing, saturation, failover stitching, undecodable requests, prompt-token accounting,
-// cancellation, drain. Each test runs in about a second or less;
+// load-aware routing, saturation, failover stitching, hung groups (health and inactivity deadlines),
+// undecodable requests, prompt-token accounting, cancellation, drain. Each test runs in about a second or less;
 // the real-process tests (real workers, kill -9) are in process_test.cc.
+#include <cstdio>
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +46,12 @@ class CoordinatorTest : public ::testing::Test {
 
   std::string Scrape() {
     return HttpGet(absl::StrCat("127.0.0.1:", server_->metrics_port()), "/metrics");
+  }
+  const coordinator::GroupStatus* Group(const std::vector<coordinator::GroupStatus>& groups, int w) {
+    for (const auto& g : groups) {
+      if (g.address == workers_[w]->address()) return &g;
+    }
+    return nullptr;
   }
 
   coordinator::CoordinatorOptions options_;
@@ -401,6 +410,97 @@ TEST_F(CoordinatorTest, UndecodableRequestsAreInvalidArgument) {
   const StreamResult r = RunGenerate(*stub_, MakeRequest({5, 6, 7}, 4));  // still serving
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
   EXPECT_EQ(r.tokens, FakeGeneration({5, 6, 7}, 4, false, 0, 1000));
+}
+
+// Streams `req`; calls `hook` once `after` tokens have arrived. *stall: the longest gap between two chunks
+// after the hook (tokens already in flight at the hook arrive first, so the stall shows as one long gap).
+StreamResult RunWithHook(dsv4::v1::Coordinator::Stub& stub, const dsv4::v1::GenerateRequest& req, int after,
+                         const std::function<void()>& hook, absl::Duration* stall) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));  // a hang fails, not blocks
+  StreamResult r;
+  auto reader = stub.Generate(&ctx, req);
+  dsv4::v1::GenerateResponse chunk;
+  std::optional<absl::Time> last;
+  bool fired = false;
+  *stall = absl::ZeroDuration();
+  while (reader->Read(&chunk)) {
+    const absl::Time now = absl::Now();
+    if (last.has_value()) *stall = std::max(*stall, now - *last);
+    if (fired) last = now;
+    r.tokens.insert(r.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+    if (chunk.finish_reason() != dsv4::v1::FINISH_REASON_UNSPECIFIED) ++r.finish_chunks;
+    r.last = chunk;
+    if (!fired && static_cast<int>(r.tokens.size()) >= after) {
+      fired = true;
+      hook();
+      last = absl::Now();
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+// A group that freezes mid-stream (streams and GetLoad stall, as under SIGSTOP) misses its health deadline: the
+// request moves to the other group with no gap and no duplicate, the frozen group is not ready, and once it
+// thaws it is ready again and ends the abandoned request as cancelled instead of finishing it a second time.
+TEST_F(CoordinatorTest, HungGroupFailsOverAtTheHealthDeadlineAndRejoins) {
+  StartWorkers({{.step = absl::Milliseconds(3)}, {.step = absl::Milliseconds(3)}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);  // the first attempt goes to group 0
+  workers_[1]->SetLoad(busy);
+  options_.poll_timeout = absl::Milliseconds(300);
+  options_.stream_idle_timeout = absl::ZeroDuration();  // only the health deadline here
+  StartCoordinator();
+  WaitPolls();
+  absl::Duration stall;
+  const StreamResult r =
+      RunWithHook(*stub_, MakeRequest({31, 32, 33}, 60), 5, [&] { workers_[0]->Freeze(); }, &stall);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration({31, 32, 33}, 60, false, 0, 1000));
+  EXPECT_EQ(r.finish_chunks, 1);
+  // Poll period 20 ms + at most two 300 ms deadlines (a poll already in flight at the freeze may not count).
+  EXPECT_LT(stall, absl::Seconds(3)) << "hung stream stalled for " << absl::FormatDuration(stall);
+  std::printf("[ measure ] hung group (health deadline 300 ms, poll 20 ms): longest gap between chunks %.0f ms\n",
+              absl::ToDoubleMilliseconds(stall));
+  const auto frozen = server_->pool().Snapshot();
+  ASSERT_NE(Group(frozen, 0), nullptr);
+  EXPECT_FALSE(Group(frozen, 0)->ready);
+  EXPECT_THAT(Group(frozen, 0)->why_not_ready, HasSubstr("GetLoad"));
+  ASSERT_EQ(workers_[1]->requests().size(), 1u);
+  EXPECT_GE(workers_[1]->requests()[0].resume_generated(), 5);
+
+  workers_[0]->Thaw();
+  EXPECT_TRUE(server_->pool().WaitForReady(2, absl::Seconds(5)));
+  for (int i = 0; i < 200 && workers_[0]->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(workers_[0]->cancelled(), 1);  // the abandoned stream ends cancelled on the thawed group
+  EXPECT_EQ(workers_[0]->completed(), 0);  // and is not served a second time
+  EXPECT_EQ(workers_[1]->completed(), 1);
+}
+
+// An engine that hangs behind RPC threads that still answer GetLoad: the stream inactivity deadline moves the
+// request; the group is marked down until a later poll answers.
+TEST_F(CoordinatorTest, FrozenStreamFailsOverAtTheInactivityDeadline) {
+  StartWorkers({{.step = absl::Milliseconds(3)}, {.step = absl::Milliseconds(3)}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[1]->SetLoad(busy);
+  options_.stream_idle_timeout = absl::Milliseconds(300);
+  StartCoordinator();
+  WaitPolls();
+  absl::Duration stall;
+  const StreamResult r = RunWithHook(
+      *stub_, MakeRequest({41, 42}, 40, 0.7f), 4, [&] { workers_[0]->Freeze(/*streams_only=*/true); }, &stall);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration({41, 42}, 40, true, r.last.usage().seed(), 1000));
+  EXPECT_GE(stall, absl::Milliseconds(250));  // not before the deadline
+  EXPECT_LT(stall, absl::Seconds(3)) << absl::FormatDuration(stall);
+  std::printf("[ measure ] frozen stream (inactivity deadline 300 ms): longest gap between chunks %.0f ms\n",
+              absl::ToDoubleMilliseconds(stall));
+  workers_[0]->Thaw();
+  for (int i = 0; i < 200 && workers_[0]->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(workers_[0]->cancelled(), 1);
+  EXPECT_EQ(workers_[0]->completed(), 0);
 }
 
 // Issue 16 #5: dsv4_prompt_tokens_total counts a request's prompt once a group has prefilled it (first token);

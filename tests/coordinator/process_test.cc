@@ -2,7 +2,7 @@
 // dsv4-worker processes on the tiny checkpoint), a Python grpcio client, /metrics, SIGTERM drain, a second
 // coordinator on ports already in use, --help, and the kill -9 failover test: a worker group is killed
 // mid-stream and the client's stream must equal an uninterrupted run, for a greedy and for a seeded sampled
-// request.
+// request. (The SIGSTOP failover and the soak are timing-bound: coordinator_serial_test runs them alone.)
 //
 // Binaries come from $DSV4_BINARY_DIR (set by ctest); tests that need dsv4-worker skip with a message when it
 // was not built (e.g. a partial build), never pass silently.
@@ -132,7 +132,8 @@ TEST(CoordinatorProcessTest, HelpListsItsFlagsWithDefaults) {
     const std::string out = p.LogTail();
     EXPECT_THAT(out, ::testing::Not(HasSubstr("No flags matched")));
     for (const char* want : {"--workers (default \"\")", "--listen (default \"0.0.0.0:50051\")",
-                             "--poll-interval-ms (default 100)", "--max-attempts (default 4)"}) {
+                             "--poll-interval-ms (default 100)", "--health-timeout-ms (default 1000)",
+                             "--stream-idle-timeout-ms (default 30000)", "--max-attempts (default 4)"}) {
       EXPECT_THAT(out, HasSubstr(want)) << flag;
     }
   }
