@@ -22,6 +22,15 @@ StreamWatchdog::~StreamWatchdog() {
 
 void StreamWatchdog::Watch(std::weak_ptr<WatchedStream> stream) {
   absl::MutexLock lock(&mu_);
+  // Without the scan thread (inactivity deadline off) nothing else prunes between failed polls: drop ended
+  // streams whenever the list has doubled, so it stays proportional to the live streams.
+  if (streams_.size() >= prune_at_) {
+    std::erase_if(streams_, [](const std::weak_ptr<WatchedStream>& w) {
+      std::shared_ptr<WatchedStream> s = w.lock();
+      return s == nullptr || s->ended();
+    });
+    prune_at_ = 2 * streams_.size() + 64;
+  }
   streams_.push_back(std::move(stream));
 }
 

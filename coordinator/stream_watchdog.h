@@ -66,6 +66,7 @@ class StreamWatchdog {
   const absl::Duration idle_timeout_;
   mutable absl::Mutex mu_;
   std::vector<std::weak_ptr<WatchedStream>> streams_ ABSL_GUARDED_BY(mu_);
+  size_t prune_at_ ABSL_GUARDED_BY(mu_) = 64;  // Watch prunes ended streams when the list reaches this
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread scan_;
 };

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/serving/runner.h"
 #include "coordinator/server.h"
+#include "coordinator/stream_watchdog.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_worker.h"
@@ -525,6 +526,68 @@ TEST_F(CoordinatorTest, PromptTokensCountEachPrefillOnce) {
   EXPECT_EQ(MetricValue(scrape, "dsv4_coordinator_failover_prompt_tokens_total{"), 3 + resumed);
   EXPECT_EQ(MetricValue(scrape, "dsv4_generation_tokens_total{"), 16);
   EXPECT_EQ(MetricValue(scrape, "dsv4_coordinator_failovers_total{"), 1);
+}
+
+// A stream the watchdog tests script: group, last activity, first message, end.
+class ScriptedStream final : public coordinator::WatchedStream {
+ public:
+  ScriptedStream(std::string group, absl::Duration silent, bool received, bool ended = false)
+      : group_(std::move(group)), last_(absl::Now() - silent), received_(received), ended_(ended) {}
+  const std::string& group_address() const override { return group_; }
+  absl::Time last_activity() const override { return last_; }
+  bool received_any() const override { return received_; }
+  bool ended() const override { return ended_; }
+  void Abandon(const std::string& why) override {
+    absl::MutexLock lock(&mu_);
+    why_ = why;
+  }
+  std::string why() {
+    absl::MutexLock lock(&mu_);
+    return why_;
+  }
+
+ private:
+  const std::string group_;
+  const absl::Time last_;
+  const bool received_, ended_;
+  absl::Mutex mu_;
+  std::string why_;
+};
+
+TEST(StreamWatchdogTest, HealthDeadlineAbandonsOnlyTheGroupsSilentStreams) {
+  coordinator::StreamWatchdog w(absl::ZeroDuration());
+  auto quiet = std::make_shared<ScriptedStream>("a", absl::Seconds(2), true);
+  auto queued = std::make_shared<ScriptedStream>("a", absl::Seconds(2), false);  // no token yet: silent too
+  auto busy = std::make_shared<ScriptedStream>("a", absl::ZeroDuration(), true);
+  auto other = std::make_shared<ScriptedStream>("b", absl::Seconds(2), true);
+  auto done = std::make_shared<ScriptedStream>("a", absl::Seconds(2), true, /*ended=*/true);
+  for (const auto& s : {quiet, queued, busy, other, done}) w.Watch(s);
+  EXPECT_EQ(w.AbandonSilent("a", absl::Seconds(1), "no GetLoad answer"), 2);
+  EXPECT_EQ(quiet->why(), "no GetLoad answer");
+  EXPECT_EQ(queued->why(), "no GetLoad answer");
+  EXPECT_EQ(busy->why(), "");
+  EXPECT_EQ(other->why(), "");
+  EXPECT_EQ(done->why(), "");
+  EXPECT_EQ(w.watched(), 4);  // the ended stream was dropped
+}
+
+TEST(StreamWatchdogTest, InactivityDeadlineWaitsForTheFirstMessage) {
+  coordinator::StreamWatchdog w(absl::Milliseconds(50));
+  auto waiting = std::make_shared<ScriptedStream>("a", absl::Seconds(1), /*received=*/false);
+  auto stalled = std::make_shared<ScriptedStream>("a", absl::Seconds(1), /*received=*/true);
+  w.Watch(waiting);
+  w.Watch(stalled);
+  for (int i = 0; i < 200 && stalled->why().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_THAT(stalled->why(), HasSubstr("stream inactivity deadline --stream-idle-timeout-ms 50"));
+  EXPECT_EQ(waiting->why(), "");  // queued or prefilling: only the health deadline applies
+}
+
+TEST(StreamWatchdogTest, EndedStreamsArePrunedWithoutTheScanThread) {
+  coordinator::StreamWatchdog w(absl::ZeroDuration());  // no scan thread: Watch itself must prune
+  auto live = std::make_shared<ScriptedStream>("a", absl::ZeroDuration(), true);
+  w.Watch(live);
+  for (int i = 0; i < 10000; ++i) w.Watch(std::make_shared<ScriptedStream>("a", absl::ZeroDuration(), true));
+  EXPECT_LT(w.watched(), 200);
 }
 
 TEST(WorkerListTest, ParsesAndRejects) {
