@@ -223,8 +223,23 @@ void GroupPool::PollOnce() {
     });
   }
   done.Wait();
-  absl::MutexLock lock(&mu_);
-  for (const Poll& p : polls) ApplyPollLocked(p, started);
+  std::vector<std::pair<std::string, std::string>> unanswered;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Poll& p : polls) {
+      ApplyPollLocked(p, started);
+      if (p.load_status.ok()) continue;
+      unanswered.emplace_back(
+          p.group->address,
+          p.load_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+              ? absl::StrCat("no GetLoad answer within the health deadline (",
+                             absl::ToInt64Milliseconds(options_.rpc_timeout), " ms)")
+              : absl::StrCat("GetLoad failed: ", p.load_status.error_message()));
+    }
+  }
+  if (options_.on_unanswered) {
+    for (const auto& [address, why] : unanswered) options_.on_unanswered(address, why);
+  }
 }
 
 void GroupPool::ApplyPollLocked(const Poll& p, absl::Time started) {
@@ -270,11 +285,18 @@ bool GroupPool::Saturated(const Group& g) const {
 
 absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
+  // ready: every ready group, those this request already tried included (a group that refused it with a full
+  // queue stays ready), so the messages below count what an operator sees; open: where it may go now.
   std::vector<Group*> ready, open;
+  int tried = 0;
   for (auto& g : groups_) {
-    if (!g->ready() || exclude.contains(g->address)) continue;
+    if (!g->ready()) continue;
     ready.push_back(g.get());
-    if (!Saturated(*g)) open.push_back(g.get());
+    if (exclude.contains(g->address)) {
+      ++tried;
+    } else if (!Saturated(*g)) {
+      open.push_back(g.get());
+    }
   }
   if (ready.empty()) {
     return absl::UnavailableError(absl::StrCat("no worker group is ready (", groups_.size(), " known, ",
@@ -284,8 +306,10 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
     double step = 0;
     for (const Group* g : ready) step = std::max(step, g->load.recent_step_seconds());
     const int64_t hint_ms = std::clamp<int64_t>(static_cast<int64_t>(step * 1000.0), 50, 5000);
-    absl::Status busy = absl::ResourceExhaustedError(
-        absl::StrCat("all ", ready.size(), " ready worker groups are saturated; retry after ", hint_ms, " ms"));
+    absl::Status busy = absl::ResourceExhaustedError(absl::StrCat(
+        "all ", ready.size(), " ready worker groups are saturated",
+        tried > 0 ? absl::StrCat(" (", tried, " of them already tried for this request)") : "", "; retry after ",
+        hint_ms, " ms"));
     busy.SetPayload(kRetryAfterMsPayload, absl::Cord(absl::StrCat(hint_ms)));
     return busy;
   }

@@ -24,6 +24,7 @@
 #include "common/tls_options.h"
 #include "coordinator/generate_call.h"
 #include "coordinator/group_pool.h"
+#include "coordinator/stream_watchdog.h"
 #include "dsv4/v1/coordinator.grpc.pb.h"
 #include "grpcpp/server.h"
 #include "metrics/serving_metrics.h"
@@ -35,7 +36,11 @@ struct CoordinatorOptions {
   std::vector<std::string> workers;          // group leaders (host:port, DNS names may resolve to many)
   std::string metrics_listen;                // host:port for /metrics; empty = no metrics endpoint
   absl::Duration poll_interval = absl::Milliseconds(100);
+  // Health deadline: a group whose GetLoad poll does not answer within this is not ready, and its streams
+  // silent for as long are failed over (a hung worker; stream_watchdog.h).
   absl::Duration poll_timeout = absl::Seconds(1);
+  // Stream inactivity deadline after a stream's first message; zero = off.
+  absl::Duration stream_idle_timeout = absl::Seconds(30);
   int max_attempts = 4;                      // upstream streams per request (first + failovers/retries)
   // Health ("" service) turns SERVING once this many groups were ready (start-up gate; it stays SERVING
   // while groups come and go, so liveness probes do not restart a coordinator for its workers' sake).
@@ -77,7 +82,9 @@ class CoordinatorServer {
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::unique_ptr<metrics::ServingMetrics> metrics_;
   prometheus::Counter* failovers_ = nullptr;
+  prometheus::Counter* failover_prompt_tokens_ = nullptr;
   prometheus::Gauge* ready_groups_ = nullptr;
+  std::unique_ptr<StreamWatchdog> watchdog_;  // outlives the pool, whose watcher thread calls it
   std::unique_ptr<GroupPool> pool_;
   CallTracker tracker_;
   CallEnv env_;

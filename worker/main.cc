@@ -27,6 +27,8 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/flag_help.h"
+#include "common/grpc_listen.h"
 #include "common/health_probe.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -262,10 +264,11 @@ absl::StatusOr<std::unique_ptr<Frontend>> StartFrontend(const WorkerOptions& o, 
   DSV4_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         MakeServerCredentials(o.tls, "worker gRPC port (dsv4.v1.Worker)"));
   grpc::ServerBuilder builder;
+  DisallowPortSharing(builder);
   builder.AddListeningPort(o.listen, credentials, &f->port);
   builder.RegisterService(f->service.get());
   f->server = builder.BuildAndStart();
-  if (!f->server || f->port == 0) return absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind"));
+  DSV4_RETURN_IF_ERROR(CheckListening("--listen", o.listen, f->server != nullptr, f->port));
   f->server->GetHealthCheckService()->SetServingStatus(false);
   DSV4_ASSIGN_OR_RETURN(f->health, HealthProbeServer::Start(o.health_listen, *f->server));
   return f;
@@ -364,7 +367,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  absl::SetProgramUsageMessage("dsv4-worker: DeepSeek-V4 decode worker (see docs/worker.md)");
+  constexpr char kUsage[] = "dsv4-worker --checkpoint DIR [flags]: DeepSeek-V4 decode worker (docs/worker.md)";
+  dsv4::HandleHelpFlag(argc, argv, kUsage, "worker/main.cc");
+  absl::SetProgramUsageMessage(kUsage);
   // The documented spelling is --max-batch; absl flag names are identifiers, so '-' in a name becomes '_'.
   std::vector<std::string> args(argv, argv + argc);
   std::vector<char*> argp;

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_listen.h"
 #include "common/health_probe.h"
 #include "model/dsv4/shard.h"
 #include "worker/lockstep.h"
@@ -91,10 +92,11 @@ absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
                         MakeServerCredentials(o.tls, absl::StrCat("rank ", o.rank, " gRPC port (health)")));
   grpc::ServerBuilder builder;
   int port = 0;
+  DisallowPortSharing(builder);
   builder.AddListeningPort(o.listen, credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind"));
+  DSV4_RETURN_IF_ERROR(CheckListening("--listen", o.listen, server != nullptr, port));
   server->GetHealthCheckService()->SetServingStatus(false);
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<HealthProbeServer> probe, HealthProbeServer::Start(o.health_listen, *server));
   WatchSignals(signals, o.drain_timeout_s, o.rank);
