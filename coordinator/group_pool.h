@@ -48,12 +48,12 @@ struct GroupPoolOptions {
   absl::Duration poll_interval = absl::Milliseconds(100);
   absl::Duration rpc_timeout = absl::Seconds(1);  // per GetLoad / GetModelInfo poll: the health deadline
   uint64_t seed = 0;                              // p2c random choices (tests pin it)
-  // How groups are dialled (plaintext by default). A leader is dialled by IP; with TLS its certificate must
-  // carry security.server_name, or when that is empty the host as written in `targets`.
-  ChannelSecurity security{};
   // Called on the watcher thread, with no pool lock held, after each poll that a group did not answer
   // (address, why); the coordinator fails over that group's silent streams. May be empty.
   std::function<void(const std::string& address, const std::string& why)> on_unanswered = nullptr;
+  // How groups are dialled (plaintext by default). A leader is dialled by IP; with TLS its certificate must
+  // carry security.server_name, or when that is empty the host as written in `targets`.
+  ChannelSecurity security{};
 };
 
 // One group as a request sees it: where to send, and what to release afterwards.
