@@ -81,7 +81,8 @@ absl::StatusOr<std::vector<std::string>> Resolve(const std::string& host, int po
   return out;
 }
 
-std::shared_ptr<dsv4::v1::Worker::Stub> MakeStub(const std::string& address) {
+std::shared_ptr<dsv4::v1::Worker::Stub> MakeStub(const std::string& address, const ChannelSecurity& security,
+                                                  const std::string& verify_as) {
   grpc::ChannelArguments args;
   // A restarted or rescheduled leader should be found within a poll or two, not after gRPC's default
   // exponential backoff (up to 120 s).
@@ -92,7 +93,7 @@ std::shared_ptr<dsv4::v1::Worker::Stub> MakeStub(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = security.Connect(address, args, verify_as);
   return std::shared_ptr<dsv4::v1::Worker::Stub>(dsv4::v1::Worker::NewStub(channel));
 }
 
@@ -148,6 +149,8 @@ std::vector<std::string> GroupPool::ResolveTargets() {
       continue;
     }
     all.insert(all.end(), r->begin(), r->end());
+    absl::MutexLock lock(&mu_);
+    for (const std::string& a : *r) host_of_[a] = host;
   }
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
@@ -190,7 +193,7 @@ void GroupPool::PollOnce() {
       if (it != groups_.end()) continue;
       auto g = std::make_unique<Group>();
       g->address = a;
-      g->stub = MakeStub(a);
+      g->stub = MakeStub(a, options_.security, host_of_[a]);
       DSV4_LOG_INFO("coordinator: watching worker group {}", a);
       groups_.push_back(std::move(g));
     }

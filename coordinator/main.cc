@@ -32,6 +32,19 @@ ABSL_FLAG(double, drain_timeout, 30.0, "seconds in-flight requests get to finish
 ABSL_FLAG(int, poll_interval_ms, 100, "how often every group is polled with GetLoad");
 ABSL_FLAG(int, max_attempts, 4, "upstream streams per request (the first plus failovers and retries)");
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
+// Security (docs/security.md). All empty = plaintext and no authentication, as suits a local run.
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the API port; with --tls-key turns TLS on");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "", "require API clients' certificates signed by this PEM CA (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "require 'authorization: Bearer <token>' on Generate/GetModelInfo, tokens one per line in this file");
+ABSL_FLAG(std::string, worker_tls_ca, "", "PEM CA that signed the workers' certificates; turns TLS to workers on");
+ABSL_FLAG(std::string, worker_tls_cert, "", "client certificate presented to workers (mutual TLS)");
+ABSL_FLAG(std::string, worker_tls_key, "", "PEM private key of --worker-tls-cert");
+ABSL_FLAG(std::string, worker_tls_server_name, "",
+          "name the workers' certificates carry; empty = the host as written in --workers");
+ABSL_FLAG(std::string, health_listen, "",
+          "host:port of a plaintext port serving only grpc.health.v1.Health/Check (Kubernetes probes); empty = none");
 
 namespace {
 
@@ -82,6 +95,15 @@ int main(int argc, char** argv) {
       .poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms)),
       .max_attempts = absl::GetFlag(FLAGS_max_attempts),
       .min_ready_groups = absl::GetFlag(FLAGS_min_ready_groups)};
+  options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
+                 .key_file = absl::GetFlag(FLAGS_tls_key),
+                 .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
+  options.worker_tls.ca_file = absl::GetFlag(FLAGS_worker_tls_ca);
+  options.worker_tls.cert_file = absl::GetFlag(FLAGS_worker_tls_cert);
+  options.worker_tls.key_file = absl::GetFlag(FLAGS_worker_tls_key);
+  options.worker_tls.server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.health_listen = absl::GetFlag(FLAGS_health_listen);
   absl::StatusOr<std::unique_ptr<dsv4::coordinator::CoordinatorServer>> server =
       dsv4::coordinator::CoordinatorServer::Start(options);
   if (!server.ok()) return Fail(std::string(server.status().message()));
@@ -100,7 +122,11 @@ int main(int argc, char** argv) {
     const std::string host = HostOf(options.listen);
     const std::string contents =
         absl::StrCat("grpc=", host, ":", (*server)->port(), " metrics=", HostOf(options.metrics_listen), ":",
-                     (*server)->metrics_port(), "\n");
+                     (*server)->metrics_port(),
+                     (*server)->health_port() == 0
+                         ? ""
+                         : absl::StrCat(" health=", HostOf(options.health_listen), ":", (*server)->health_port()),
+                     "\n");
     if (!WriteReadyFile(path, contents)) return Fail(absl::StrCat("cannot write --ready-file ", path));
   }
 

@@ -14,18 +14,35 @@
 
 namespace dsv4::coordinator {
 
+namespace {
+
+// A Generate call refused before it starts (authentication): finishes at once, deletes itself.
+class RefusedStream final : public grpc::ServerWriteReactor<dsv4::v1::GenerateResponse> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
 class CoordinatorServer::Service final : public dsv4::v1::Coordinator::CallbackService {
  public:
-  explicit Service(CallEnv* env) : env_(env) {}
+  Service(CallEnv* env, const BearerTokens* tokens, prometheus::Counter* unauthenticated)
+      : env_(env), tokens_(tokens), unauthenticated_(unauthenticated) {}
 
   grpc::ServerWriteReactor<dsv4::v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
                                                                 const dsv4::v1::GenerateRequest* request) override {
+    if (grpc::Status auth = Authenticate(*ctx); !auth.ok()) return new RefusedStream(auth);  // deletes itself
     return new GenerateCall(env_, ctx, request);  // deletes itself
   }
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const dsv4::v1::GetModelInfoRequest*,
                                          dsv4::v1::GetModelInfoResponse* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (grpc::Status auth = Authenticate(*ctx); !auth.ok()) {
+      reactor->Finish(auth);
+      return reactor;
+    }
     std::optional<dsv4::v1::GetModelInfoResponse> info = env_->pool->ModelInfo();
     if (!info.has_value()) {
       reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
@@ -38,15 +55,49 @@ class CoordinatorServer::Service final : public dsv4::v1::Coordinator::CallbackS
   }
 
  private:
+  // OK without --auth-token-file; else the token check. The log line names the peer, never the token.
+  grpc::Status Authenticate(const grpc::CallbackServerContext& ctx) const {
+    if (tokens_ == nullptr) return grpc::Status::OK;
+    grpc::Status s = tokens_->Check(ctx.client_metadata());
+    if (!s.ok()) {
+      if (unauthenticated_ != nullptr) unauthenticated_->Increment();
+      DSV4_LOG_DEBUG("coordinator: refused {}: {}", ctx.peer(), s.error_message());
+    }
+    return s;
+  }
+
   CallEnv* const env_;
+  const BearerTokens* const tokens_;             // null = no authentication
+  prometheus::Counter* const unauthenticated_;  // may be null (no metrics)
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const CoordinatorOptions& options) {
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--max-attempts = ", options.max_attempts, " must be >= 1"));
   }
+  // Credentials and tokens first: a bad file ends start-up before anything listens.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options.tls, "coordinator API (dsv4.v1.Coordinator)");
+  if (!credentials.ok()) return credentials.status();
+  ClientTlsOptions worker_tls = options.worker_tls;
+  worker_tls.flag_prefix = "--worker-tls-";
+  absl::StatusOr<ChannelSecurity> to_workers = MakeChannelSecurity(worker_tls, "coordinator -> workers");
+  if (!to_workers.ok()) return to_workers.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->options_ = options;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<BearerTokens> tokens = BearerTokens::Load("--auth-token-file", options.auth_token_file);
+    if (!tokens.ok()) return tokens.status();
+    s->tokens_ = *std::move(tokens);
+    DSV4_LOG_INFO("coordinator API: bearer tokens required on Generate and GetModelInfo ({} tokens from {})",
+                  s->tokens_->size(), options.auth_token_file);
+    if (!options.tls.enabled()) {
+      DSV4_LOG_WARN("coordinator API: bearer tokens on a plaintext port cross the network readable (set --tls-cert "
+                    "and --tls-key unless TLS ends in front of this process)");
+    }
+  } else {
+    DSV4_LOG_INFO("coordinator API: no authentication (set --auth-token-file to require bearer tokens)");
+  }
   const metrics::Labels labels{.role = "coordinator", .group = 0, .rank = 0};
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> m = metrics::MetricsServer::Start(options.metrics_listen);
@@ -66,13 +117,19 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                             .Help("Worker groups the coordinator currently routes to")
                             .Register(registry)
                             .Add(l);
+    s->unauthenticated_ = &prometheus::BuildCounter()
+                               .Name("dsv4_coordinator_unauthenticated_total")
+                               .Help("API calls refused for a missing or invalid bearer token")
+                               .Register(registry)
+                               .Add(l);
   }
 
   GroupPoolOptions pool_options{.targets = options.workers,
                                 .poll_interval = options.poll_interval,
                                 .rpc_timeout = options.poll_timeout,
                                 .seed = options.route_seed != 0 ? options.route_seed
-                                                                : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
+                                                                : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())),
+                                .security = *std::move(to_workers)};
   s->pool_ = std::make_unique<GroupPool>(std::move(pool_options));
   if (absl::Status st = s->pool_->Start(); !st.ok()) return st;
   s->env_ = CallEnv{.pool = s->pool_.get(),
@@ -80,18 +137,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                     .metrics = s->metrics_.get(),
                     .failovers = s->failovers_,
                     .max_attempts = options.max_attempts};
-  s->service_ = std::make_unique<Service>(&s->env_);
+  s->service_ = std::make_unique<Service>(&s->env_, s->tokens_ ? &*s->tokens_ : nullptr, s->unauthenticated_);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", options.listen));
   }
   s->server_->GetHealthCheckService()->SetServingStatus(false);
+  absl::StatusOr<std::unique_ptr<HealthProbeServer>> probe = HealthProbeServer::Start(options.health_listen, *s->server_);
+  if (!probe.ok()) return probe.status();
+  s->health_probe_ = *std::move(probe);
   s->RefreshHealth();
   s->stats_ = std::thread([p = s.get()] { p->StatsLoop(); });
   DSV4_LOG_INFO("coordinator: serving dsv4.v1.Coordinator on port {} ({} worker targets, {} ready)", s->port_,

@@ -27,7 +27,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(const BackendOptions& o) {
   }
   if (o.name == "cuda") {
 #if defined(DSV4_HAVE_CUDA_BACKEND)
-    return cuda::MakeCudaBackend(o.device);
+    absl::StatusOr<sparse_mla::SparseMlaKernel> kernel = sparse_mla::ParseSparseMlaKernel(o.attention_kernel);
+    if (!kernel.ok()) return kernel.status();
+    return cuda::MakeCudaBackend(o.device, *kernel);
 #else
     return absl::UnavailableError("backend cuda: this build has no CUDA backend (built without nvcc)");
 #endif

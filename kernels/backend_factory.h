@@ -15,6 +15,7 @@ struct BackendOptions {
   std::string name = "cpu";  // cpu | cuda
   int threads = 0;           // cpu: worker threads (0 = all cores)
   int device = 0;            // cuda: device ordinal
+  std::string attention_kernel = "mma";  // cuda: sparse-MLA decode kernel, mma | simt
 };
 
 // InvalidArgument for an unknown name, Unavailable for "cuda" in a build without it or with no usable GPU.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/tls_options.h"
 
 namespace dsv4::worker {
 
@@ -35,6 +36,12 @@ struct WorkerOptions {
   double drain_timeout_s = 30;             // --drain-timeout: SIGTERM drain budget, seconds
   std::string log_level = "info";          // --log-level
   int phase_timing_every = 64;             // --phase-timing-every: time the phases of 1 step in N (needs metrics)
+  // Security (docs/security.md); all empty = plaintext. The certificate is also the client certificate a
+  // follower rank presents to its leader.
+  ServerTlsOptions tls{};                  // --tls-cert, --tls-key, --tls-client-ca (mutual TLS)
+  std::string leader_tls_ca;               // --leader-tls-ca: followers verify the leader against it (TLS on)
+  std::string leader_tls_server_name;      // --leader-tls-server-name: empty = the host part of --leader
+  std::string health_listen;               // --health-listen: plaintext Health/Check-only port; empty = none
 };
 
 // INVALID_ARGUMENT naming the flag and the allowed range; UNIMPLEMENTED for options this build cannot serve.
@@ -45,5 +52,9 @@ inline int64_t MaxStepTokens(const WorkerOptions& o) { return int64_t{o.prefill_
 
 // "host:port" split; INVALID_ARGUMENT naming `flag` when malformed.
 absl::Status ParseHostPort(const std::string& flag, const std::string& value, std::string* host, int* port);
+
+// How a follower rank dials its leader: TLS when --leader-tls-ca is set (presenting --tls-cert as its client
+// certificate when set), plaintext otherwise.
+ClientTlsOptions LeaderTlsOptions(const WorkerOptions& options);
 
 }  // namespace dsv4::worker

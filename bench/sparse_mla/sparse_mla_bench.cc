@@ -6,7 +6,7 @@
 // fraction of it reached. Prints a markdown table for bench/RESULTS.md.
 //
 //   sparse_mla_bench [--heads=64] [--batches=1,2,4,8,16,32,64,128] [--window=128] [--extra=512] [--reps=100]
-//                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--warps=0] [--m_tiles=0] [--pdl=0]
+//                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--warps=0] [--m_tiles=0] [--pdl=0] [--wgmma=0]
 //                    [--pool_mb=200] [--mma_peak=true]
 #include <cuda_runtime_api.h>
 
@@ -39,6 +39,7 @@ ABSL_FLAG(int, splits, 0, "MMA split override (0 = plan's choice)");
 ABSL_FLAG(int, warps, 0, "MMA block width override: 16 (wide kernel) or 8 (0 = plan's choice)");
 ABSL_FLAG(int, m_tiles, 0, "MMA 16-head m-tiles per block override: 1, 2 or 4 (0 = plan's choice)");
 ABSL_FLAG(int, pdl, 0, "split combine with programmatic dependent launch: 1 on, -1 off (0 = plan's choice)");
+ABSL_FLAG(int, wgmma, 0, "sm_90a wgmma kernel for 64-head blocks: 1 on, -1 off (0 = plan's choice)");
 ABSL_FLAG(bool, mma_peak, true, "measure the mma.sync bf16 rate first (compute floor columns)");
 ABSL_FLAG(int, pool_mb, 200, "KV pool size in MB (rows rotated through; keep well above the L2)");
 
@@ -191,7 +192,8 @@ double TimeKernel(SparseMlaKernel kernel, const std::vector<InputSet>& sets, con
                                .num_splits = absl::GetFlag(FLAGS_splits),
                                .warps = absl::GetFlag(FLAGS_warps),
                                .m_tiles = absl::GetFlag(FLAGS_m_tiles),
-                               .pdl = absl::GetFlag(FLAGS_pdl)};
+                               .pdl = absl::GetFlag(FLAGS_pdl),
+                               .wgmma = absl::GetFlag(FLAGS_wgmma)};
   auto plan = MakeSparseMlaPlan(kernel, B, H, K_w + K_e, options);
   if (!plan.ok()) {
     std::fprintf(stderr, "plan: %s\n", plan.status().ToString().c_str());
@@ -280,9 +282,9 @@ int Main() {
   const KvPoolView pool = MakePool(pool_rows, 64);
   std::printf("H=%d, K=%d (%d window + %d compressed), pool %.0f MB, reps %d\n\n", H, K, K_w, K_e,
               pool.size_bytes() * 1e-6, reps);
-  std::printf("| B | sets | warps | m-tiles | splits | pdl | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | "
+  std::printf("| B | sets | warps | m-tiles | splits | pdl | wgmma | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | "
               "HBM floor us | HBM floor/MMA | mma floor us | mma floor/MMA | check |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const int B : batches) {
     const int n_sets = static_cast<int>(std::clamp<int64_t>(pool.num_rows() / (int64_t{B} * K), 1, 512));
     std::vector<InputSet> sets = MakeSets(n_sets, B, H, K_w, K_e, pool.num_rows());
@@ -303,8 +305,9 @@ int Main() {
     }
     const double floor = bytes / copy_bw;
     const double mma_floor = mma_peak > 0 ? flops / mma_peak : 0.0;
-    std::printf("| %d | %d | %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
-                B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits, mma_plan.pdl ? 1 : 0, t_mma * 1e6, t_simt * 1e6,
+    std::printf("| %d | %d | %d | %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
+                B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits, mma_plan.pdl ? 1 : 0,
+                mma_plan.wgmma ? 1 : 0, t_mma * 1e6, t_simt * 1e6,
                 t_mma > 0 ? t_simt / t_mma : 0.0, t_mma > 0 ? bytes / t_mma * 1e-9 : 0.0,
                 t_mma > 0 ? flops / t_mma * 1e-12 : 0.0, floor * 1e6, t_mma > 0 ? 100.0 * floor / t_mma : 0.0,
                 mma_floor * 1e6, t_mma > 0 ? 100.0 * mma_floor / t_mma : 0.0, diff);

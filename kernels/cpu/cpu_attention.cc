@@ -12,6 +12,42 @@
 #include "kernels/cpu/cpu_rows.h"
 
 namespace dsv4::kernels::cpu {
+namespace {
+
+// Token t's keys in attention order: its window by position (ring rows before its sequence's first token of
+// the step, staging rows from it on), then its compressed rows (ratio 128: all visible rows in order; ratio 4:
+// the indexer's). key_ptr[j] points into the pool (fp32 rows) or into buf (FP8 rows decoded, dim floats per
+// key). Returns the count; sets `over` when a token has more than max_c compressed keys (the rest dropped).
+int64_t GatherKeys(const AttentionArgs& a, int64_t t, int64_t max_c, const float** key_ptr, float* buf,
+                   std::atomic<bool>& over) {
+  const StepIndex& st = a.step;
+  const int32_t p = st.pos[t];
+  const int64_t b = st.seq[t], first = st.seq_first[b];
+  const int32_t p0 = st.pos[first];  // the sequence's first position of this step
+  int64_t nk = 0;
+  auto add = [&](const KvCacheView& c, int64_t row) {
+    key_ptr[nk] = KvRowFloats(c, row, buf + nk * a.dim);
+    ++nk;
+  };
+  for (int32_t q = std::max(0, p - a.window_size + 1); q <= p; ++q) {
+    add(a.window, q < p0 ? PhysicalRow(a.window_tables, b, q % a.window_size, a.window.page_rows)
+                         : a.staging_row0 + first + (q - p0));
+  }
+  int64_t nc = 0;
+  if (a.compressed_ratio == 128) nc = (int64_t{p} + 1) / 128;
+  if (a.compressed_ratio == 4) nc = std::min<int64_t>(a.selected_count[t], a.ksel);
+  if (nc > max_c) {
+    over.store(true, std::memory_order_relaxed);
+    nc = max_c;
+  }
+  for (int64_t j = 0; j < nc; ++j) {
+    add(a.compressed, a.compressed_ratio == 128 ? PhysicalRow(a.compressed_tables, b, j, a.compressed.page_rows)
+                                                : int64_t{a.selected[t * a.ksel + j]});
+  }
+  return nk;
+}
+
+}  // namespace
 
 void CpuOps::Indexer(const IndexerArgs& a) {
   if (a.cache.base == nullptr || a.cache.dim != a.dim || a.k < 0 || a.selected == nullptr ||
@@ -91,30 +127,7 @@ void CpuOps::Attention(const AttentionArgs& a) {
       }
       if (keys_of != t) {
         keys_of = t;
-        nk = 0;
-        const int64_t b = st.seq[t], first = st.seq_first[b];
-        const int32_t p0 = st.pos[first];  // the sequence's first position of this step
-        float* buf = s.keys.data();
-        auto add = [&](const KvCacheView& c, int64_t row) {
-          s.key_ptr[nk] = KvRowFloats(c, row, buf + nk * a.dim);
-          ++nk;
-        };
-        for (int32_t q = std::max(0, p - a.window_size + 1); q <= p; ++q) {
-          add(a.window, q < p0 ? PhysicalRow(a.window_tables, b, q % a.window_size, a.window.page_rows)
-                               : a.staging_row0 + first + (q - p0));
-        }
-        int64_t nc = 0;
-        if (a.compressed_ratio == 128) nc = (int64_t{p} + 1) / 128;
-        if (a.compressed_ratio == 4) nc = std::min<int64_t>(a.selected_count[t], a.ksel);
-        if (nc > max_c) {
-          over.store(true, std::memory_order_relaxed);
-          nc = max_c;
-        }
-        for (int64_t j = 0; j < nc; ++j) {
-          add(a.compressed, a.compressed_ratio == 128
-                                ? PhysicalRow(a.compressed_tables, b, j, a.compressed.page_rows)
-                                : int64_t{a.selected[t * a.ksel + j]});
-        }
+        nk = GatherKeys(a, t, max_c, s.key_ptr.data(), s.keys.data(), over);
       }
       // One softmax over window and compressed keys with the sink in the denominator; value = key.
       const float* q = a.q + (t * a.heads + h) * a.dim;
@@ -130,8 +143,7 @@ void CpuOps::Attention(const AttentionArgs& a) {
       for (int64_t j = 0; j < nk; ++j) {
         const double e = std::exp(static_cast<double>(sc[j]) - mx);
         den += e;
-        const float* k = s.key_ptr[j];
-        for (int64_t d = 0; d < a.dim; ++d) acc[d] += e * k[d];
+        AxpyF64(acc, e, s.key_ptr[j], a.dim);
       }
       for (int64_t d = 0; d < a.dim; ++d) o[d] = static_cast<float>(acc[d] / den);
     }

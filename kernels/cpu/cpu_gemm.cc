@@ -57,16 +57,6 @@ template <int RB, int WB>
 
 }  // namespace
 
-float Dot(const float* a, const float* b, int64_t n) {
-  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) acc[l] += a[i + l] * b[i + l];
-  }
-  for (; i < n; ++i) acc[0] += a[i] * b[i];
-  return Combine(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]);
-}
-
 float DotBf16(const uint16_t* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -119,21 +109,74 @@ void GemmBase(const float* x, int64_t xs, const float* w, int64_t k, float* y, i
   GemmBody<2, 2>(x, xs, w, k, y, ys, rows, n0, n1);
 }
 
+// Dot: one row by one row, the same lanes as the GEMM's.
+__attribute__((target("avx512f,avx512vl"))) float DotAvx512(const float* a, const float* b, int64_t n) {
+  float y;
+  Micro<1, 1>(a, 0, b, n, &y, 0);
+  return y;
+}
+__attribute__((target("avx2"))) float DotAvx2(const float* a, const float* b, int64_t n) {
+  float y;
+  Micro<1, 1>(a, 0, b, n, &y, 0);
+  return y;
+}
+float DotBase(const float* a, const float* b, int64_t n) {
+  float y;
+  Micro<1, 1>(a, 0, b, n, &y, 0);
+  return y;
+}
+
+// acc += e * x in double, element by element.
+[[gnu::always_inline]] inline void AxpyBody(double* acc, double e, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) acc[i] += e * x[i];
+}
+__attribute__((target("avx512f,avx512vl"))) void AxpyAvx512(double* acc, double e, const float* x, int64_t n) {
+  AxpyBody(acc, e, x, n);
+}
+__attribute__((target("avx2"))) void AxpyAvx2(double* acc, double e, const float* x, int64_t n) {
+  AxpyBody(acc, e, x, n);
+}
+void AxpyBase(double* acc, double e, const float* x, int64_t n) { AxpyBody(acc, e, x, n); }
+
+using DotFn = float (*)(const float*, const float*, int64_t);
+using AxpyFn = void (*)(double*, double, const float*, int64_t);
 using GemmFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, int64_t, int64_t, int64_t);
 
-GemmFn PickGemm() {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return GemmAvx512;
-  if (__builtin_cpu_supports("avx2")) return GemmAvx2;
-  return GemmBase;
+// The widest build this machine runs, picked once.
+enum class Isa { kAvx512, kAvx2, kBase };
+
+Isa MachineIsa() {
+  static const Isa isa = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return Isa::kAvx2;
+    return Isa::kBase;
+  }();
+  return isa;
+}
+
+template <typename Fn>
+Fn Pick(Fn avx512, Fn avx2, Fn base) {
+  const Isa isa = MachineIsa();
+  return isa == Isa::kAvx512 ? avx512 : isa == Isa::kAvx2 ? avx2 : base;
 }
 
 }  // namespace
 
 void GemmRange(const float* x, int64_t xs, const float* w, int64_t k, float* y, int64_t ys, int64_t rows,
                int64_t n0, int64_t n1) {
-  static const GemmFn gemm = PickGemm();
+  static const GemmFn gemm = Pick<GemmFn>(GemmAvx512, GemmAvx2, GemmBase);
   gemm(x, xs, w, k, y, ys, rows, n0, n1);
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  static const DotFn dot = Pick<DotFn>(DotAvx512, DotAvx2, DotBase);
+  return dot(a, b, n);
+}
+
+void AxpyF64(double* acc, double e, const float* x, int64_t n) {
+  static const AxpyFn axpy = Pick<AxpyFn>(AxpyAvx512, AxpyAvx2, AxpyBase);
+  axpy(acc, e, x, n);
 }
 
 }  // namespace dsv4::kernels::cpu

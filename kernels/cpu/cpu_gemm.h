@@ -18,6 +18,9 @@ float Dot(const float* a, const float* b, int64_t n);
 // The same with a bf16 left operand (bf16 widens to f32 exactly).
 float DotBf16(const uint16_t* a, const float* b, int64_t n);
 
+// acc[i] += e * x[i] for i < n, in double (attention's weighted sum of keys; each element on its own).
+void AxpyF64(double* acc, double e, const float* x, int64_t n);
+
 // y[t * ys + (j - n0)] = Dot(x + t * xs, w + j * k, k) for t < rows and j in [n0, n1), on the calling thread.
 // w is a dense [*, k] fp32 matrix.
 void GemmRange(const float* x, int64_t xs, const float* w, int64_t k, float* y, int64_t ys, int64_t rows,

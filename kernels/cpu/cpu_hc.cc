@@ -107,8 +107,9 @@ void CpuOps::HcPost(const HcPostArgs& a) {
 }
 
 void CpuOps::HcHead(const HcHeadArgs& a) {
-  if (a.s < 1 || a.s > kMaxStreams) {
-    return Fail(absl::InvalidArgumentError(absl::StrCat("HcHead: S = ", a.s, " outside [1, ", kMaxStreams, "]")));
+  if (a.s < 1 || a.s > kMaxStreams || (a.r > 0 && a.rows == nullptr)) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("HcHead: S = ", a.s, " outside [1, ", kMaxStreams, "] or no rows for R = ", a.r)));
   }
   const int64_t s = a.s, width = a.s * a.d;
   pool_.ParallelFor(a.r, 4, [&](int64_t r0, int64_t r1, int) {

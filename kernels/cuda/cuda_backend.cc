@@ -12,8 +12,8 @@
 
 namespace dsv4::kernels::cuda {
 
-CudaBackend::CudaBackend(int device, cudaStream_t stream, std::string name)
-    : device_(device), stream_(stream), name_(std::move(name)), ops_(stream, &scratch_) {}
+CudaBackend::CudaBackend(int device, cudaStream_t stream, std::string name, sparse_mla::SparseMlaKernel attention)
+    : device_(device), stream_(stream), name_(std::move(name)), ops_(stream, &scratch_), attention_kernel_(attention) {}
 
 CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
@@ -118,10 +118,15 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
   DSV4_RETURN_IF_ERROR(GrowScratch(moe_scratch_, scratch_.moe, MoeScratchBytes(limits)));
   DSV4_RETURN_IF_ERROR(GrowScratch(attention_scratch_, scratch_.attention, AttentionScratchBytes(limits)));
   DSV4_RETURN_IF_ERROR(GrowScratch(indexer_scratch_, scratch_.indexer, IndexerScratchBytes(limits)));
+  // The sparse-MLA launch plans for steps up to `limits` (GrowScratch reset the scratch struct's plan pointer);
+  // nothing enqueued may still use the old plan.
+  DSV4_RETURN_IF_ERROR(Synchronize());
+  DSV4_ASSIGN_OR_RETURN(attention_plan_, MakeAttentionPlan(limits, attention_kernel_));
+  scratch_.attention.attention_plan = attention_plan_.get();
   return Synchronize();
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, sparse_mla::SparseMlaKernel attention) {
   int count = 0;
   DSV4_RETURN_IF_ERROR(CudaStatus(cudaGetDeviceCount(&count), "cudaGetDeviceCount"));
   if (device < 0 || device >= count) {
@@ -138,7 +143,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   }
   cudaStream_t stream = nullptr;
   DSV4_RETURN_IF_ERROR(CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate"));
-  return std::unique_ptr<Backend>(new CudaBackend(device, stream, name));
+  const std::string named = absl::StrCat(name, ", attention ", attention == sparse_mla::SparseMlaKernel::kMma ? "mma" : "simt");
+  return std::unique_ptr<Backend>(new CudaBackend(device, stream, named, attention));
 }
 
 }  // namespace dsv4::kernels::cuda

@@ -15,6 +15,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/launchers.h"
+#include "kernels/sparse_mla/sparse_mla_launch.h"
 
 namespace dsv4::kernels::cuda {
 
@@ -41,8 +43,8 @@ class CudaBackend final : public Backend {
   const CudaScratchSet& scratch() const { return scratch_; }
 
  private:
-  friend absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
-  CudaBackend(int device, cudaStream_t stream, std::string name);
+  friend absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device, sparse_mla::SparseMlaKernel attention);
+  CudaBackend(int device, cudaStream_t stream, std::string name, sparse_mla::SparseMlaKernel attention);
 
   void Free(void* data, int64_t bytes, MemoryKind kind) override;
   // Makes device_ current on the calling thread.
@@ -56,10 +58,14 @@ class CudaBackend final : public Backend {
   CudaScratchSet scratch_;
   CudaOps ops_;
   Buffer moe_scratch_, attention_scratch_, indexer_scratch_;
+  const sparse_mla::SparseMlaKernel attention_kernel_;            // --attention-kernel: mma | simt
+  std::shared_ptr<const AttentionPlan> attention_plan_;           // made at Reserve, before any capture
 };
 
 // The backend on CUDA device `device`: fails when the device does not exist or cannot run this build's
-// kernels (the build targets sm_90 and sm_120).
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+// kernels (the build targets sm_90 and sm_120). `attention` picks the sparse-MLA decode kernel of the FP8 attention
+// path: the tensor-core MMA kernel (default) or the per-head SIMT baseline.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(
+    int device, sparse_mla::SparseMlaKernel attention = sparse_mla::SparseMlaKernel::kMma);
 
 }  // namespace dsv4::kernels::cuda

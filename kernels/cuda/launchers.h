@@ -9,16 +9,25 @@
 
 #include <cuda_runtime_api.h>
 
+#include <memory>
+
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/ops.h"
+#include "kernels/sparse_mla/sparse_mla_launch.h"
 
 namespace dsv4::kernels::cuda {
+
+// The attention family's host-side launch plans (attention.cu; opaque elsewhere).
+struct AttentionPlan;
 
 // Device scratch of one op family, carved from one allocation at Reserve time.
 struct CudaScratch {
   void* data = nullptr;
   int64_t bytes = 0;
+  // LaunchAttention only: the plans MakeAttentionPlan made at Reserve (kFp8Row584 attention fails without).
+  const AttentionPlan* attention_plan = nullptr;
 };
 
 // Bytes of scratch each family needs for steps up to `limits`.
@@ -45,6 +54,10 @@ absl::Status LaunchKvWindowWrite(const KvWindowWriteArgs& a, cudaStream_t stream
 absl::Status LaunchCompressor(const CompressorArgs& a, cudaStream_t stream);
 absl::Status LaunchIndexer(const IndexerArgs& a, const CudaScratch& scratch, cudaStream_t stream);
 absl::Status LaunchAttention(const AttentionArgs& a, const CudaScratch& scratch, cudaStream_t stream);
+// The sparse-MLA plans of LaunchAttention's FP8 path for steps up to `limits`, with `kernel` (the backend's
+// --attention-kernel choice): made at Reserve, before any capture; keep it while launches use it.
+absl::StatusOr<std::shared_ptr<const AttentionPlan>> MakeAttentionPlan(const StepLimits& limits,
+                                                                       sparse_mla::SparseMlaKernel kernel);
 
 // moe.cu, moe_router.cu (the MoE family)
 absl::StatusOr<ExpertsHandle> PrepareCudaExperts(std::span<const WeightView> w1, std::span<const WeightView> w3,

@@ -1,6 +1,7 @@
 // KV pools and compressor state slots: see kv_cache.h.
 #include "model/dsv4/kv_cache.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -58,7 +59,9 @@ absl::Status KvCache::Allocate(kernels::Backend& backend, std::array<int64_t, kN
     const auto pool = static_cast<KvPool>(p);
     storage_[p].Reset();
     const int64_t staging = pool == KvPool::kWindow ? (max_step_tokens + page_rows - 1) / page_rows : 0;
-    layer_pages_[p] = pages[p] + staging;
+    // At least one page per layer slice, so a pool no sequence can reach yet (a context shorter than its ratio)
+    // still has a valid base for the ops that step its compressor state.
+    layer_pages_[p] = std::max<int64_t>(1, pages[p] + staging);
     const int64_t bytes = static_cast<int64_t>(layers_[p].size()) * layer_pages_[p] * LayerPageBytes(pool, page_rows);
     if (bytes > 0) {
       DSV4_ASSIGN_OR_RETURN(storage_[p], backend.Allocate(bytes, kernels::MemoryKind::kKvCache));

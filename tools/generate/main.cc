@@ -1,7 +1,7 @@
 // dsv4-generate: runs the DeepSeek-V4 model in one process (no gRPC, no engine): prefill a prompt of token
 // ids, decode greedily, print the tokens and tokens/s, optionally dump every position's logits as .npy.
 //   dsv4-generate --checkpoint DIR --prompt-ids 1,2,3 --max-new-tokens N [--mode exact|production]
-//                 [--dump-logits FILE] [--prefill-chunk N] [--backend cpu|cuda] [--threads N]
+//                 [--dump-logits FILE] [--prefill-chunk N] [--backend cpu|cuda] [--attention-kernel mma|simt] [--threads N]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -24,6 +24,7 @@ ABSL_FLAG(std::string, mode, "exact", "numeric mode: exact (fp32, transformers) 
 ABSL_FLAG(std::string, dump_logits, "", "write float32 logits of every position [rows, vocab] to this .npy");
 ABSL_FLAG(int, prefill_chunk, 0, "prefill chunk size (0: the whole prompt in one chunk)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend: cpu | cuda");
+ABSL_FLAG(std::string, attention_kernel, "mma", "cuda backend: sparse-MLA decode kernel, mma | simt");
 ABSL_FLAG(int, threads, 2, "CPU threads (cpu backend)");
 
 namespace {
@@ -61,7 +62,8 @@ int main(int argc, char** argv) {
   else if (mode == "production") opts.mode = NumericMode::kProduction;
   else return Fail("--mode must be exact or production, got \"" + mode + "\"");
   if (absl::GetFlag(FLAGS_checkpoint).empty()) return Fail("--checkpoint is required");
-  auto backend = dsv4::kernels::MakeBackend({.name = absl::GetFlag(FLAGS_backend), .threads = absl::GetFlag(FLAGS_threads)});
+  auto backend = dsv4::kernels::MakeBackend({.name = absl::GetFlag(FLAGS_backend), .threads = absl::GetFlag(FLAGS_threads),
+                                             .attention_kernel = absl::GetFlag(FLAGS_attention_kernel)});
   if (!backend.ok()) return Fail(backend.status().ToString());
   opts.backend = backend->get();
   std::vector<int32_t> prompt;
