@@ -47,11 +47,13 @@ int32_t SampleRow(std::span<const float> logits, const SampleParams& p, std::spa
         scratch[n++] = s::RankKey(s::OrderKey(logits[i]), static_cast<int32_t>(i));
       }
     }
-    std::sort(scratch.begin(), scratch.begin() + n, std::greater<uint64_t>());
     int64_t kept = n;
     if (top_k && p.top_k < n) {
       kept = p.top_k;
+      std::partial_sort(scratch.begin(), scratch.begin() + kept, scratch.begin() + n, std::greater<uint64_t>());
       cut = scratch[kept - 1];
+    } else if (top_p) {
+      std::sort(scratch.begin(), scratch.begin() + n, std::greater<uint64_t>());
     }
     if (top_p) {
       auto weight = [&](uint64_t key) { return s::Weight(prob(s::IdOfRankKey(key))); };

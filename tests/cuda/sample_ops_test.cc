@@ -210,6 +210,22 @@ TEST(SampleOps, OneFullBatch) {
   EXPECT_EQ(RunAll(129280, params, rng).mismatches, 0);
 }
 
+// A few rows that take both radix selects and the tie resolution (small enough for racecheck).
+TEST(SampleOps, SanitizerBatch) {
+  DSV4_REQUIRE_GPU();
+  std::mt19937 rng(24);
+  std::vector<SampleParams> params;
+  for (const SampleParams& p : AllCombinations(4096, rng)) {
+    if (p.temperature >= 0.5f && p.temperature <= 2.0f && p.top_k > 1 && p.top_k < 4096 && p.top_p > 0.0f &&
+        p.top_p < 1.0f && p.min_p < 0.5f) {
+      params.push_back(p);
+    }
+  }
+  std::shuffle(params.begin(), params.end(), rng);
+  params.resize(24);
+  EXPECT_EQ(RunAll(4096, params, rng).mismatches, 0);
+}
+
 TEST(SampleOps, PaddingRowsAndErrors) {
   DSV4_REQUIRE_GPU();
   Backend& gpu = GetBackends().cuda;
