@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/cuda_status.h"
 #include "common/float_formats.h"
 #include "bench/sparse_mla/mma_peak.h"
 #include "kernels/sparse_mla/kv_row_format.h"
@@ -46,14 +47,15 @@ ABSL_FLAG(int, pool_mb, 200, "KV pool size in MB (rows rotated through; keep wel
 namespace dsv4::kernels::sparse_mla {
 namespace {
 
-#define CHECK_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    const cudaError_t err_ = (expr);                                                              \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+// A benchmark has no caller to return an error to: a failed CUDA call (common/cuda_status.h) ends the program.
+void CheckCuda(cudaError_t err, const char* what) {
+  const absl::Status s = CudaStatus(err, what);
+  if (!s.ok()) {
+    std::fprintf(stderr, "sparse_mla_bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+#define CHECK_CUDA(expr) CheckCuda((expr), #expr)
 
 template <typename T>
 T* DeviceAlloc(size_t count) {
