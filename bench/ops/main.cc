@@ -173,6 +173,19 @@ std::string Now() {
 
 int Main() {
   const auto start = std::chrono::steady_clock::now();
+  struct Family {
+    const char* name;
+    void (*run)(Bench&);
+  };
+  const Family families[] = {{"linear", RunLinearCases}, {"moe", RunMoeCases},       {"indexer", RunIndexerCases},
+                             {"attention", RunAttentionCases}, {"dense", RunDenseCases}, {"cache", RunCacheCases}};
+  const std::vector<std::string> only = Words(absl::GetFlag(FLAGS_only));
+  for (const std::string& name : only) {
+    if (std::none_of(std::begin(families), std::end(families), [&](const Family& f) { return name == f.name; })) {
+      std::fprintf(stderr, "--only: unknown family '%s'\n", name.c_str());
+      return 2;
+    }
+  }
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   const bool cpu = backend_name == "cpu";
   const bool full = absl::GetFlag(FLAGS_full);
@@ -246,19 +259,6 @@ int Main() {
               .runner = runner, .report = report, .rotate_bytes = absl::GetFlag(FLAGS_rotate_mb) * 1e6,
               .max_sets = std::max(1, absl::GetFlag(FLAGS_max_sets)), .seed = absl::GetFlag(FLAGS_seed)};
 
-  struct Family {
-    const char* name;
-    void (*run)(Bench&);
-  };
-  const Family families[] = {{"linear", RunLinearCases}, {"moe", RunMoeCases},       {"indexer", RunIndexerCases},
-                             {"attention", RunAttentionCases}, {"dense", RunDenseCases}, {"cache", RunCacheCases}};
-  const std::vector<std::string> only = Words(absl::GetFlag(FLAGS_only));
-  for (const std::string& name : only) {
-    if (std::none_of(std::begin(families), std::end(families), [&](const Family& f) { return name == f.name; })) {
-      std::fprintf(stderr, "--only: unknown family '%s'\n", name.c_str());
-      return 2;
-    }
-  }
   for (const Family& f : families) {
     if (!only.empty() && std::find(only.begin(), only.end(), f.name) == only.end()) continue;
     const auto t0 = std::chrono::steady_clock::now();

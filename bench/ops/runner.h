@@ -5,7 +5,7 @@
 //   1. runs set 0 eagerly (warm-up, first-use set-up outside any capture) and checks the backend's status,
 //   2. times one more eager call of set 0 and caps the sets so that one replay stays near the time budget,
 //   3. captures one CUDA graph holding one call per set on the backend's stream (as the engine captures a step),
-//   4. replays it `warmup` times, then `reps` times with CUDA events around each replay,
+//   4. replays it `warmup` times (and for at least warmup_s), then `reps` times with CUDA events around each,
 //   5. reports per call: the median, 10th and 90th percentile of replay time / sets,
 //   6. runs the case's check (outputs finite, counts in range) on what the replays left.
 // A case whose calls cannot be captured is timed eagerly instead (event pairs around the same calls) and marked
@@ -28,7 +28,8 @@ namespace dsv4::bench {
 
 struct RunOptions {
   int reps = 50;                  // timed replays (median reported)
-  int warmup = 3;                 // untimed replays before them
+  int warmup = 3;                 // untimed replays before them (at least; see warmup_s)
+  double warmup_s = 0.02;         // and replays until this much time has passed
   double replay_budget_s = 0.025;  // sets are capped so that one replay takes about this long (eager estimate)
   bool smoke = false;             // one set, one replay, no warm-up
 };
