@@ -197,6 +197,15 @@ int Main() {
   }
   const Shapes shapes = MakeShapes(*config, cpu);
   const Sweep sweep = MakeSweep(full, smoke);
+  for (const std::vector<int64_t>* contexts : {&sweep.attention_contexts, &sweep.indexer_contexts}) {
+    for (int64_t ctx : *contexts) {
+      if (ctx > shapes.max_context) {  // the ops' row bounds come from it (the model's contract)
+        std::fprintf(stderr, "context %lld is above --max_context %lld\n", static_cast<long long>(ctx),
+                     static_cast<long long>(shapes.max_context));
+        return 2;
+      }
+    }
+  }
   absl::StatusOr<std::unique_ptr<kernels::Backend>> made =
       kernels::MakeBackend({.name = backend_name, .device = absl::GetFlag(FLAGS_device), .attention_kernel = "mma"});
   if (!made.ok()) {
