@@ -2,7 +2,8 @@
 # dsv4-ops-bench on the H200 (issue 13's op timing table; docs/cuda-backend.md "Measuring the ops"). Run from the
 # repository root on the GPU machine, with the bundle that bench/ops/bundle_h200.sh made (it copies this script
 # into the bundle as run.sh):
-#   bash .gpu/ops-bench/run.sh "$OUT"                 # smoke, then TP 1 and TP 4 tables (about 4 minutes)
+#   bash .gpu/ops-bench/run.sh "$OUT"                 # smoke, then TP 1 and TP 4 tables (about 3 minutes;
+#                                                     the step timeouts add up to 570 s, under the 600 s of a run call)
 #   STEPS="smoke tp1" bash .gpu/ops-bench/run.sh "$OUT"
 # Steps: smoke (smallest shape of every op once, graph captured, outputs checked), tp1 (the default sweep at the
 # shapes of configs/flash.json), tp4 (one rank of TP 4: the families whose shapes change), full (every size of the
@@ -35,9 +36,9 @@ run() {  # run STEP TIMEOUT FLAGS...
 }
 for step in $STEPS; do
   case $step in
-    smoke) run smoke 150 --smoke ;;
-    tp1) run tp1 300 ;;
-    tp4) run tp4 240 --tp=4 --only=linear,moe,attention,dense ;;
+    smoke) run smoke 120 --smoke ;;
+    tp1) run tp1 270 ;;
+    tp4) run tp4 180 --tp=4 --only=linear,moe,attention,dense ;;
     full) run full 580 --full ;;
     memcheck)
       echo "=== memcheck ($(date +%T))"
