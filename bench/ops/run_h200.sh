@@ -7,7 +7,7 @@
 #   STEPS="smoke tp1" bash .gpu/ops-bench/run.sh "$OUT"
 # Steps: smoke (smallest shape of every op once, graph captured, outputs checked), tp1 (the default sweep at the
 # shapes of configs/flash.json), tp4 (one rank of TP 4: the families whose shapes change), full (every size of the
-# issue, ~8 minutes alone), memcheck (compute-sanitizer on the smoke run, 16 experts held).
+# issue, not timed yet: give it a call of its own), memcheck (compute-sanitizer on the smoke run, 16 experts held).
 # Every step writes <step>.md (the tables), <step>.json and <step>.err under $OUT. BUNDLE names another bundle
 # folder; ARGS adds flags to every run.
 set -uo pipefail
