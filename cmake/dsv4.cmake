@@ -16,11 +16,12 @@ function(dsv4_library name)
   dsv4_warnings(${name})
 endfunction()
 
-# dsv4_test(NAME SOURCES ... DEPS ... [LABELS ...] [RESOURCE_LOCK lock]): one GoogleTest binary, each test case its
-# own ctest. RESOURCE_LOCK: tests that start several processes and assert how fast something happens share a lock,
-# so `ctest -j` on 2 cores never runs two of them at once (their bounds assume the cores are not oversubscribed).
+# dsv4_test(NAME SOURCES ... DEPS ... [LABELS ...] [RESOURCE_LOCK lock] [SERIAL]): one GoogleTest binary, each
+# test case its own ctest. RESOURCE_LOCK: tests that start several processes and assert how fast something happens
+# share a lock, so `ctest -j` on 2 cores never runs two of them at once (their bounds assume the cores are not
+# oversubscribed). SERIAL: the cases run with nothing else beside them (RUN_SERIAL), for the longest timing tests.
 function(dsv4_test name)
-  cmake_parse_arguments(A "" "RESOURCE_LOCK" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(A "SERIAL" "RESOURCE_LOCK" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR})
   target_link_libraries(${name} PRIVATE ${A_DEPS} GTest::gtest GTest::gtest_main GTest::gmock)
@@ -31,13 +32,16 @@ function(dsv4_test name)
   endif()
   # Two single-valued properties: a ';'-joined ENVIRONMENT list would be split by gtest_discover_tests and
   # only its first entry would reach the tests.
-  set(lock_props)
+  set(extra_props)
   if(A_RESOURCE_LOCK)
-    set(lock_props RESOURCE_LOCK ${A_RESOURCE_LOCK})
+    list(APPEND extra_props RESOURCE_LOCK ${A_RESOURCE_LOCK})
+  endif()
+  if(A_SERIAL)
+    list(APPEND extra_props RUN_SERIAL TRUE)
   endif()
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
     PROPERTIES LABELS "${labels}" ENVIRONMENT "DSV4_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
-               ENVIRONMENT_MODIFICATION "DSV4_BINARY_DIR=set:${PROJECT_BINARY_DIR}" ${lock_props})
+               ENVIRONMENT_MODIFICATION "DSV4_BINARY_DIR=set:${PROJECT_BINARY_DIR}" ${extra_props})
 endfunction()
 
 # Adds every immediate subfolder of the calling folder that has its own CMakeLists.txt.

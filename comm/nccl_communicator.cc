@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/nccl_convert.h"
+#include "common/nccl_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -48,7 +49,7 @@ int NcclCommunicator::DeviceCount() {
 absl::StatusOr<std::string> NcclCommunicator::NewUniqueId() {
   ncclUniqueId id;
   const ncclResult_t r = ncclGetUniqueId(&id);
-  if (r != ncclSuccess) return absl::UnavailableError(absl::StrCat("ncclGetUniqueId: ", ncclGetErrorString(r)));
+  DSV4_RETURN_IF_ERROR(NcclStatus(r, "ncclGetUniqueId"));
   return std::string(id.internal, sizeof(id.internal));
 }
 
@@ -97,7 +98,7 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(int r
   if (r != ncclSuccess) {
     if (state->comm != nullptr) ncclCommAbort(state->comm);
     if (state->own_stream) cudaStreamDestroy(state->stream);
-    return absl::UnavailableError(absl::StrCat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
+    return NcclStatus(r, "ncclCommInitRankConfig");
   }
   DSV4_LOG_INFO("nccl: rank {} of {} on device {} connected", rank, world, options.device);
   return std::unique_ptr<NcclCommunicator>(new NcclCommunicator(rank, world, options, std::move(state)));

@@ -166,7 +166,7 @@ absl::StatusOr<Group> RendezvousLeader::FormGroup() {
 absl::StatusOr<dsv4::v1::RendezvousResponse> CallRendezvous(const GroupOptions& options) {
   DSV4_RETURN_IF_ERROR(ValidateGroupOptions(options));
   if (options.rank == 0) return absl::InvalidArgumentError("CallRendezvous is for followers (rank >= 1)");
-  auto channel = grpc::CreateChannel(options.leader_addr, grpc::InsecureChannelCredentials());
+  auto channel = options.leader_security.Connect(options.leader_addr);
   auto stub = dsv4::v1::Worker::NewStub(channel);
   dsv4::v1::RendezvousRequest request;
   request.set_rank(options.rank);

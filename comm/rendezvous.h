@@ -36,6 +36,7 @@
 #include "absl/status/statusor.h"
 #include "comm/communicator.h"
 #include "comm/tcp_store.h"
+#include "common/tls_options.h"
 #include "dsv4/v1/worker.pb.h"
 
 namespace dsv4::comm {
@@ -46,6 +47,7 @@ struct GroupOptions {
   std::string checkpoint_fingerprint;  // CheckpointFingerprint(dir): every rank must load the same checkpoint
   std::string host = "127.0.0.1";     // this rank's reachable address (Gloo listens here; the leader's store too)
   std::string leader_addr;             // followers: the leader's Worker gRPC address, host:port
+  ChannelSecurity leader_security{};   // followers: how to dial the leader (plaintext by default; docs/security.md)
   int store_port = 0;                  // leader: port of the Gloo rendezvous store (0 = any free port)
   bool use_nccl = false;               // GPU group: also form an NCCL communicator for the data plane
   int cuda_device = 0;                 // with use_nccl

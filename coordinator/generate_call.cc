@@ -2,12 +2,14 @@
 #include "coordinator/generate_call.h"
 
 #include <algorithm>
+#include <atomic>
 #include <random>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/raw_rpc.h"
 #include "proto/request_validation.h"
 
 namespace dsv4::coordinator {
@@ -53,10 +55,11 @@ int CallTracker::inflight() const {
 }
 
 // ---------------------------------------------------------------------------------------------------------
-// Attempt: one upstream Worker.Generate stream. Owned by its GenerateCall (never outlives it); reports every
-// chunk and its end to the call.
+// Attempt: one upstream Worker.Generate stream. Owned by its GenerateCall (never outlives it but for the
+// length of a watchdog Abandon, which touches only the attempt's own state); reports every chunk and its end
+// to the call.
 
-class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateResponse> {
+class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateResponse>, public WatchedStream {
  public:
   Attempt(GenerateCall* call, GroupHandle group, GenerateRequest request)
       : call_(call), group_(std::move(group)), request_(std::move(request)) {}
@@ -64,6 +67,7 @@ class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateRespo
   void Start(std::chrono::system_clock::time_point deadline) {
     // The client's deadline bounds the upstream stream too (gRPC reports "none" as time_point::max()).
     if (deadline != std::chrono::system_clock::time_point::max()) ctx_.set_deadline(deadline);
+    last_activity_ns_.store(absl::ToUnixNanos(absl::Now()));
     group_.stub->async()->Generate(&ctx_, &request_, this);
     StartRead(&chunk_);
     StartCall();
@@ -72,13 +76,38 @@ class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateRespo
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended; OnDone follows with its status
+    last_activity_ns_.store(absl::ToUnixNanos(absl::Now()));
+    received_any_.store(true);
     call_->OnChunk(this, chunk_);
     StartRead(&chunk_);
   }
   // Nothing may touch `this` after OnAttemptDone: it may delete the call, which owns this attempt.
-  void OnDone(const grpc::Status& status) override { call_->OnAttemptDone(this, status); }
+  void OnDone(const grpc::Status& status) override {
+    ended_.store(true);
+    call_->OnAttemptDone(this, status);
+  }
+
+  // WatchedStream
+  const std::string& group_address() const override { return group_.address; }
+  absl::Time last_activity() const override { return absl::FromUnixNanos(last_activity_ns_.load()); }
+  bool received_any() const override { return received_any_.load(); }
+  bool ended() const override { return ended_.load(); }
+  void Abandon(const std::string& why) override {
+    {
+      absl::MutexLock lock(&abandon_mu_);
+      if (!abandoned_why_.empty()) return;
+      abandoned_why_ = why;
+    }
+    ctx_.TryCancel();
+  }
+  // Why the watchdog abandoned this stream ("" = it did not).
+  std::string abandoned_why() const {
+    absl::MutexLock lock(&abandon_mu_);
+    return abandoned_why_;
+  }
 
   const GroupHandle& group() const { return group_; }
+  int prompt_size() const { return request_.prompt_token_ids_size(); }  // original prompt + resumed tokens
   int tokens = 0;  // received on this attempt (guarded by the call's mutex)
   FinishReason finish = dsv4::v1::FINISH_REASON_UNSPECIFIED;
 
@@ -88,6 +117,11 @@ class GenerateCall::Attempt final : public grpc::ClientReadReactor<GenerateRespo
   const GenerateRequest request_;
   grpc::ClientContext ctx_;
   GenerateResponse chunk_;
+  std::atomic<int64_t> last_activity_ns_{0};
+  std::atomic<bool> received_any_{false};
+  std::atomic<bool> ended_{false};
+  mutable absl::Mutex abandon_mu_;
+  std::string abandoned_why_ ABSL_GUARDED_BY(abandon_mu_);
 };
 
 // ---------------------------------------------------------------------------------------------------------
@@ -122,9 +156,9 @@ bool IsRequestError(grpc::StatusCode code) {
 
 }  // namespace
 
-GenerateCall::GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, const GenerateRequest* request)
+GenerateCall::GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, absl::StatusOr<GenerateRequest> request)
     : env_(env), ctx_(ctx), start_(absl::Now()) {
-  absl::Status admitted = Admit(*request);
+  absl::Status admitted = Admit(request);
   if (!admitted.ok()) {
     {
       absl::MutexLock lock(&mu_);
@@ -142,11 +176,13 @@ GenerateCall::~GenerateCall() {
   if (entered_) env_->tracker->Exit();
 }
 
-absl::Status GenerateCall::Admit(const GenerateRequest& request) {
+absl::Status GenerateCall::Admit(const absl::StatusOr<GenerateRequest>& parsed) {
   if (!env_->tracker->Enter()) {
     return absl::UnavailableError("coordinator is draining and admits no new requests; send to another one");
   }
   entered_ = true;
+  if (!parsed.ok()) return parsed.status();  // the bytes were not a GenerateRequest
+  const GenerateRequest& request = *parsed;
   std::optional<dsv4::v1::GetModelInfoResponse> info = env_->pool->ModelInfo();
   if (!info.has_value() || info->ready_groups() == 0) {
     return absl::UnavailableError(absl::StrCat("no worker group is ready (",
@@ -169,7 +205,6 @@ absl::Status GenerateCall::Admit(const GenerateRequest& request) {
   if (request_.request_id().empty()) {
     request_.set_request_id(absl::StrCat("c-", absl::Hex(absl::Uniform<uint64_t>(absl::BitGen()))));
   }
-  if (env_->metrics != nullptr) env_->metrics->AddPromptTokens(request_.prompt_token_ids_size());
   return absl::OkStatus();
 }
 
@@ -195,8 +230,9 @@ void GenerateCall::Route() {
       if (!group.ok()) {
         action = FailLocked(group.status());
       } else {
-        attempts_.push_back(std::make_unique<Attempt>(this, *std::move(group), UpstreamRequestLocked()));
+        attempts_.push_back(std::make_shared<Attempt>(this, *std::move(group), UpstreamRequestLocked()));
         attempt = current_ = attempts_.back().get();
+        if (env_->watchdog != nullptr) env_->watchdog->Watch(attempts_.back());
         ++refs_;
         state_ = State::kStreaming;
         DSV4_LOG_DEBUG("req={} routed to {} (attempt {})", request_.request_id(), attempt->group().address,
@@ -215,6 +251,16 @@ void GenerateCall::OnChunk(Attempt* attempt, const GenerateResponse& chunk) {
     if (attempt != current_ || finish_started_) return;
     const absl::Time now = absl::Now();
     const int n = chunk.token_ids_size();
+    if (n > 0 && attempt->tokens == 0 && env_->metrics != nullptr) {
+      // Prompt tokens count once a group has prefilled them (its first token arrived), as the worker counts
+      // them: the client's prompt on the request's first token; on a failover attempt the prompt that group
+      // prefilled again (original prompt + resumed tokens) goes to the failover counter instead.
+      if (!first_token_.has_value()) {
+        env_->metrics->AddPromptTokens(request_.prompt_token_ids_size());
+      } else if (env_->failover_prompt_tokens != nullptr) {
+        env_->failover_prompt_tokens->Increment(attempt->prompt_size());
+      }
+    }
     if (n > 0) {
       if (!first_token_.has_value()) {
         first_token_ = now;
@@ -250,6 +296,7 @@ void GenerateCall::OnAttemptDone(Attempt* attempt, const grpc::Status& status) {
     absl::MutexLock lock(&mu_);
     current_ = nullptr;
     const FinishReason finish = attempt->finish;
+    const std::string abandoned = attempt->abandoned_why();
     if (finish_started_) {
       // Nothing left to decide.
     } else if (cancelled_) {
@@ -259,6 +306,8 @@ void GenerateCall::OnAttemptDone(Attempt* attempt, const grpc::Status& status) {
       final_reason_ = finish;
       state_ = State::kFinishing;
       action = NextWriteLocked();
+    } else if (!abandoned.empty()) {
+      action = FailoverLocked(attempt, abandoned);  // the watchdog found the group hung
     } else if (status.ok()) {
       // ABORT without a client cancel means the group drained past its timeout; no finish at all means the
       // stream broke. Either way the request lives on elsewhere.
@@ -362,8 +411,14 @@ void GenerateCall::RecordFinishLocked(std::string_view reason) {
 void GenerateCall::Run(Action action) {
   switch (action) {
     case Action::kNone: return;
-    case Action::kWrite: StartWrite(&out_); return;
-    case Action::kWriteAndFinish: StartWriteAndFinish(&out_, grpc::WriteOptions(), grpc::Status::OK); return;
+    case Action::kWrite:
+      SerializeTo(out_, &out_bytes_);
+      StartWrite(&out_bytes_);
+      return;
+    case Action::kWriteAndFinish:
+      SerializeTo(out_, &out_bytes_);
+      StartWriteAndFinish(&out_bytes_, grpc::WriteOptions(), grpc::Status::OK);
+      return;
     case Action::kFinishError: {
       absl::Status error;
       {

@@ -6,7 +6,9 @@
 // token received so far (resume_generated = that count), with the same max_new_tokens and the seed pinned at
 // admission, so the worker continues the same counter-based sampling stream: the client sees no gap and no
 // duplicate. Tokens received are buffered until the client's previous write completes, so a slow client never
-// blocks a worker stream, and a failover never loses a token that was received but not yet written.
+// blocks a worker stream, and a failover never loses a token that was received but not yet written. A group that
+// hangs instead of dying (SIGSTOP, a frozen process) is found by the StreamWatchdog, which abandons the attempt;
+// the call then fails over exactly as for a dead group.
 //
 // Lifecycle (one enum; every transition happens under the call's mutex):
 //
@@ -31,8 +33,11 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/status/statusor.h"
 #include "coordinator/group_pool.h"
+#include "coordinator/stream_watchdog.h"
 #include "dsv4/v1/coordinator.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
 #include "metrics/serving_metrics.h"
 #include "prometheus/counter.h"
@@ -62,12 +67,19 @@ struct CallEnv {
   CallTracker* tracker = nullptr;
   metrics::ServingMetrics* metrics = nullptr;  // may be null (unit tests)
   prometheus::Counter* failovers = nullptr;    // dsv4_coordinator_failovers_total; may be null
+  // dsv4_coordinator_failover_prompt_tokens_total: prompt tokens (original prompt + tokens already streamed)
+  // that a group prefilled again for a failed-over request; may be null.
+  prometheus::Counter* failover_prompt_tokens = nullptr;
+  StreamWatchdog* watchdog = nullptr;          // may be null (no hung-stream detection)
   int max_attempts = 4;                        // upstream streams per request, first one included
 };
 
-class GenerateCall final : public grpc::ServerWriteReactor<dsv4::v1::GenerateResponse> {
+// Writes raw bytes: Coordinator.Generate is a raw method (common/raw_rpc.h), so the request arrives decoded by
+// the server (or as the error saying why it could not be) and each response is encoded before its write.
+class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, const dsv4::v1::GenerateRequest* request);
+  // `request`: the decoded request, or INVALID_ARGUMENT when it could not be decoded (answered at once).
+  GenerateCall(CallEnv* env, grpc::CallbackServerContext* ctx, absl::StatusOr<dsv4::v1::GenerateRequest> request);
   ~GenerateCall() override;
 
   void OnWriteDone(bool ok) override;
@@ -80,7 +92,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<dsv4::v1::GenerateRes
   // What to do after unlocking.
   enum class Action { kNone, kWrite, kWriteAndFinish, kFinishError, kRoute };
 
-  absl::Status Admit(const dsv4::v1::GenerateRequest& request);
+  absl::Status Admit(const absl::StatusOr<dsv4::v1::GenerateRequest>& request);
   void Route();
   void OnChunk(Attempt* attempt, const dsv4::v1::GenerateResponse& chunk);
   void OnAttemptDone(Attempt* attempt, const grpc::Status& status);
@@ -106,7 +118,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<dsv4::v1::GenerateRes
   int eos_token_id_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int32_t> generated_ ABSL_GUARDED_BY(mu_);  // every token received, in order
   std::vector<int32_t> pending_ ABSL_GUARDED_BY(mu_);    // received, not yet handed to a write
-  std::vector<std::unique_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);
+  // Shared with the watchdog (weakly), which may hold one for the length of an Abandon.
+  std::vector<std::shared_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);
   Attempt* current_ ABSL_GUARDED_BY(mu_) = nullptr;
   absl::flat_hash_set<std::string> failed_groups_ ABSL_GUARDED_BY(mu_);
   bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
@@ -117,6 +130,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<dsv4::v1::GenerateRes
   std::optional<absl::Time> first_token_ ABSL_GUARDED_BY(mu_);
   absl::Time last_token_ ABSL_GUARDED_BY(mu_);
   dsv4::v1::GenerateResponse out_;  // the message being written; touched only by the one writer
+  grpc::ByteBuffer out_bytes_;      // out_ encoded, for the write in flight
 };
 
 }  // namespace dsv4::coordinator

@@ -81,7 +81,8 @@ absl::StatusOr<std::vector<std::string>> Resolve(const std::string& host, int po
   return out;
 }
 
-std::shared_ptr<dsv4::v1::Worker::Stub> MakeStub(const std::string& address) {
+std::shared_ptr<dsv4::v1::Worker::Stub> MakeStub(const std::string& address, const ChannelSecurity& security,
+                                                  const std::string& verify_as) {
   grpc::ChannelArguments args;
   // A restarted or rescheduled leader should be found within a poll or two, not after gRPC's default
   // exponential backoff (up to 120 s).
@@ -92,7 +93,7 @@ std::shared_ptr<dsv4::v1::Worker::Stub> MakeStub(const std::string& address) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  auto channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  auto channel = security.Connect(address, args, verify_as);
   return std::shared_ptr<dsv4::v1::Worker::Stub>(dsv4::v1::Worker::NewStub(channel));
 }
 
@@ -148,6 +149,8 @@ std::vector<std::string> GroupPool::ResolveTargets() {
       continue;
     }
     all.insert(all.end(), r->begin(), r->end());
+    absl::MutexLock lock(&mu_);
+    for (const std::string& a : *r) host_of_[a] = host;
   }
   std::sort(all.begin(), all.end());
   all.erase(std::unique(all.begin(), all.end()), all.end());
@@ -190,7 +193,7 @@ void GroupPool::PollOnce() {
       if (it != groups_.end()) continue;
       auto g = std::make_unique<Group>();
       g->address = a;
-      g->stub = MakeStub(a);
+      g->stub = MakeStub(a, options_.security, host_of_[a]);
       DSV4_LOG_INFO("coordinator: watching worker group {}", a);
       groups_.push_back(std::move(g));
     }
@@ -220,8 +223,23 @@ void GroupPool::PollOnce() {
     });
   }
   done.Wait();
-  absl::MutexLock lock(&mu_);
-  for (const Poll& p : polls) ApplyPollLocked(p, started);
+  std::vector<std::pair<std::string, std::string>> unanswered;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const Poll& p : polls) {
+      ApplyPollLocked(p, started);
+      if (p.load_status.ok()) continue;
+      unanswered.emplace_back(
+          p.group->address,
+          p.load_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+              ? absl::StrCat("no GetLoad answer within the health deadline (",
+                             absl::ToInt64Milliseconds(options_.rpc_timeout), " ms)")
+              : absl::StrCat("GetLoad failed: ", p.load_status.error_message()));
+    }
+  }
+  if (options_.on_unanswered) {
+    for (const auto& [address, why] : unanswered) options_.on_unanswered(address, why);
+  }
 }
 
 void GroupPool::ApplyPollLocked(const Poll& p, absl::Time started) {
@@ -267,11 +285,18 @@ bool GroupPool::Saturated(const Group& g) const {
 
 absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude) {
   absl::MutexLock lock(&mu_);
+  // ready: every ready group, those this request already tried included (a group that refused it with a full
+  // queue stays ready), so the messages below count what an operator sees; open: where it may go now.
   std::vector<Group*> ready, open;
+  int tried = 0;
   for (auto& g : groups_) {
-    if (!g->ready() || exclude.contains(g->address)) continue;
+    if (!g->ready()) continue;
     ready.push_back(g.get());
-    if (!Saturated(*g)) open.push_back(g.get());
+    if (exclude.contains(g->address)) {
+      ++tried;
+    } else if (!Saturated(*g)) {
+      open.push_back(g.get());
+    }
   }
   if (ready.empty()) {
     return absl::UnavailableError(absl::StrCat("no worker group is ready (", groups_.size(), " known, ",
@@ -281,8 +306,10 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
     double step = 0;
     for (const Group* g : ready) step = std::max(step, g->load.recent_step_seconds());
     const int64_t hint_ms = std::clamp<int64_t>(static_cast<int64_t>(step * 1000.0), 50, 5000);
-    absl::Status busy = absl::ResourceExhaustedError(
-        absl::StrCat("all ", ready.size(), " ready worker groups are saturated; retry after ", hint_ms, " ms"));
+    absl::Status busy = absl::ResourceExhaustedError(absl::StrCat(
+        "all ", ready.size(), " ready worker groups are saturated",
+        tried > 0 ? absl::StrCat(" (", tried, " of them already tried for this request)") : "", "; retry after ",
+        hint_ms, " ms"));
     busy.SetPayload(kRetryAfterMsPayload, absl::Cord(absl::StrCat(hint_ms)));
     return busy;
   }

@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -30,11 +31,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/tls_options.h"
 #include "dsv4/v1/coordinator.pb.h"
 #include "dsv4/v1/worker.grpc.pb.h"
 
@@ -43,8 +46,14 @@ namespace dsv4::coordinator {
 struct GroupPoolOptions {
   std::vector<std::string> targets;              // "host:port" entries; DNS names may resolve to many groups
   absl::Duration poll_interval = absl::Milliseconds(100);
-  absl::Duration rpc_timeout = absl::Seconds(1);  // per GetLoad / GetModelInfo poll
+  absl::Duration rpc_timeout = absl::Seconds(1);  // per GetLoad / GetModelInfo poll: the health deadline
   uint64_t seed = 0;                              // p2c random choices (tests pin it)
+  // Called on the watcher thread, with no pool lock held, after each poll that a group did not answer
+  // (address, why); the coordinator fails over that group's silent streams. May be empty.
+  std::function<void(const std::string& address, const std::string& why)> on_unanswered = nullptr;
+  // How groups are dialled (plaintext by default). A leader is dialled by IP; with TLS its certificate must
+  // carry security.server_name, or when that is empty the host as written in `targets`.
+  ChannelSecurity security{};
 };
 
 // One group as a request sees it: where to send, and what to release afterwards.
@@ -107,6 +116,7 @@ class GroupPool {
   const GroupPoolOptions options_;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::string> host_of_ ABSL_GUARDED_BY(mu_);  // resolved address -> target host
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watcher_;

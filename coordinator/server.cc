@@ -4,7 +4,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_listen.h"
 #include "common/logging.h"
+#include "common/raw_rpc.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
@@ -14,46 +16,98 @@
 
 namespace dsv4::coordinator {
 
-class CoordinatorServer::Service final : public dsv4::v1::Coordinator::CallbackService {
+// Both methods are raw (common/raw_rpc.h): the handlers decode the request themselves, so one that does not
+// decode gets INVALID_ARGUMENT instead of gRPC's own UNIMPLEMENTED with no message. Both check the bearer token
+// first (UNAUTHENTICATED before anything else is looked at).
+class CoordinatorServer::Service final
+    : public dsv4::v1::Coordinator::WithRawCallbackMethod_Generate<
+          dsv4::v1::Coordinator::WithRawCallbackMethod_GetModelInfo<dsv4::v1::Coordinator::Service>> {
  public:
-  explicit Service(CallEnv* env) : env_(env) {}
+  Service(CallEnv* env, const BearerTokens* tokens, prometheus::Counter* unauthenticated)
+      : env_(env), tokens_(tokens), unauthenticated_(unauthenticated) {}
 
-  grpc::ServerWriteReactor<dsv4::v1::GenerateResponse>* Generate(grpc::CallbackServerContext* ctx,
-                                                                const dsv4::v1::GenerateRequest* request) override {
-    return new GenerateCall(env_, ctx, request);  // deletes itself
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* bytes) override {
+    if (grpc::Status auth = Authenticate(*ctx); !auth.ok()) {  // finishes at once, deletes itself
+      return new GenerateCall(env_, ctx, absl::Status(static_cast<absl::StatusCode>(auth.error_code()),
+                                                      auth.error_message()));
+    }
+    dsv4::v1::GenerateRequest request;
+    absl::Status parsed = ParseRequest(*bytes, &request);
+    if (!parsed.ok()) return new GenerateCall(env_, ctx, std::move(parsed));  // deletes itself
+    return new GenerateCall(env_, ctx, std::move(request));
   }
 
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const dsv4::v1::GetModelInfoRequest*,
-                                         dsv4::v1::GetModelInfoResponse* response) override {
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* in,
+                                         grpc::ByteBuffer* out) override {
+    auto* call = new UnaryCall<dsv4::v1::GetModelInfoRequest, dsv4::v1::GetModelInfoResponse>(in, out);
+    if (!call->parsed()) return call;
+    if (grpc::Status auth = Authenticate(*ctx); !auth.ok()) {
+      call->Reply(auth);
+      return call;
+    }
     std::optional<dsv4::v1::GetModelInfoResponse> info = env_->pool->ModelInfo();
     if (!info.has_value()) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                                   "no worker group has reported its model yet (see the coordinator log)"));
-      return reactor;
+      call->Reply(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                               "no worker group has reported its model yet (see the coordinator log)"));
+      return call;
     }
-    *response = *info;
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    *call->response() = *info;
+    call->Reply(grpc::Status::OK);
+    return call;
   }
 
  private:
+  // OK without --auth-token-file; else the token check. The log line names the peer, never the token.
+  grpc::Status Authenticate(const grpc::CallbackServerContext& ctx) const {
+    if (tokens_ == nullptr) return grpc::Status::OK;
+    grpc::Status s = tokens_->Check(ctx.client_metadata());
+    if (!s.ok()) {
+      if (unauthenticated_ != nullptr) unauthenticated_->Increment();
+      DSV4_LOG_DEBUG("coordinator: refused {}: {}", ctx.peer(), s.error_message());
+    }
+    return s;
+  }
+
   CallEnv* const env_;
+  const BearerTokens* const tokens_;             // null = no authentication
+  prometheus::Counter* const unauthenticated_;  // may be null (no metrics)
 };
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(const CoordinatorOptions& options) {
   if (options.max_attempts < 1) {
     return absl::InvalidArgumentError(absl::StrCat("--max-attempts = ", options.max_attempts, " must be >= 1"));
   }
+  // Credentials and tokens first: a bad file ends start-up before anything listens.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(options.tls, "coordinator API (dsv4.v1.Coordinator)");
+  if (!credentials.ok()) return credentials.status();
+  ClientTlsOptions worker_tls = options.worker_tls;
+  worker_tls.flag_prefix = "--worker-tls-";
+  absl::StatusOr<ChannelSecurity> to_workers = MakeChannelSecurity(worker_tls, "coordinator -> workers");
+  if (!to_workers.ok()) return to_workers.status();
   std::unique_ptr<CoordinatorServer> s(new CoordinatorServer());
   s->options_ = options;
+  if (!options.auth_token_file.empty()) {
+    absl::StatusOr<BearerTokens> tokens = BearerTokens::Load("--auth-token-file", options.auth_token_file);
+    if (!tokens.ok()) return tokens.status();
+    s->tokens_ = *std::move(tokens);
+    DSV4_LOG_INFO("coordinator API: bearer tokens required on Generate and GetModelInfo ({} tokens from {})",
+                  s->tokens_->size(), options.auth_token_file);
+    if (!options.tls.enabled()) {
+      DSV4_LOG_WARN("coordinator API: bearer tokens on a plaintext port cross the network readable (set --tls-cert "
+                    "and --tls-key unless TLS ends in front of this process)");
+    }
+  } else {
+    DSV4_LOG_INFO("coordinator API: no authentication (set --auth-token-file to require bearer tokens)");
+  }
   const metrics::Labels labels{.role = "coordinator", .group = 0, .rank = 0};
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> m = metrics::MetricsServer::Start(options.metrics_listen);
     if (!m.ok()) return m.status();
     s->metrics_server_ = *std::move(m);
     prometheus::Registry& registry = *s->metrics_server_->registry();
-    s->metrics_ = std::make_unique<metrics::ServingMetrics>(registry, labels);
+    s->metrics_ = std::make_unique<metrics::ServingMetrics>(registry, labels, metrics::SeriesSet::kCoordinator);
     const std::map<std::string, std::string> l{
         {"role", labels.role}, {"group", std::to_string(labels.group)}, {"rank", std::to_string(labels.rank)}};
     s->failovers_ = &prometheus::BuildCounter()
@@ -61,37 +115,66 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                          .Help("Requests resubmitted to another worker group after their group failed mid-stream")
                          .Register(registry)
                          .Add(l);
+    s->failover_prompt_tokens_ =
+        &prometheus::BuildCounter()
+             .Name("dsv4_coordinator_failover_prompt_tokens_total")
+             .Help("Prompt tokens a worker group prefilled again for a failed-over request (the original prompt "
+                   "plus the tokens already streamed)")
+             .Register(registry)
+             .Add(l);
     s->ready_groups_ = &prometheus::BuildGauge()
                             .Name("dsv4_coordinator_ready_groups")
                             .Help("Worker groups the coordinator currently routes to")
                             .Register(registry)
                             .Add(l);
+    s->unauthenticated_ = &prometheus::BuildCounter()
+                               .Name("dsv4_coordinator_unauthenticated_total")
+                               .Help("API calls refused for a missing or invalid bearer token")
+                               .Register(registry)
+                               .Add(l);
   }
 
-  GroupPoolOptions pool_options{.targets = options.workers,
-                                .poll_interval = options.poll_interval,
-                                .rpc_timeout = options.poll_timeout,
-                                .seed = options.route_seed != 0 ? options.route_seed
-                                                                : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))};
+  if (options.poll_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--health-timeout-ms must be >= 1");
+  }
+  s->watchdog_ = std::make_unique<StreamWatchdog>(options.stream_idle_timeout);
+  const absl::Duration health = options.poll_timeout;
+  GroupPoolOptions pool_options{
+      .targets = options.workers,
+      .poll_interval = options.poll_interval,
+      .rpc_timeout = health,
+      .seed = options.route_seed != 0 ? options.route_seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())),
+      // A group that missed its health deadline: its streams silent for as long are hung with it.
+      .on_unanswered = [w = s->watchdog_.get(), health](const std::string& address, const std::string& why) {
+        const int n = w->AbandonSilent(address, health, why);
+        if (n > 0) DSV4_LOG_WARN("coordinator: group {}: {}; failing over its {} silent streams", address, why, n);
+      },
+      .security = *std::move(to_workers)};
   s->pool_ = std::make_unique<GroupPool>(std::move(pool_options));
   if (absl::Status st = s->pool_->Start(); !st.ok()) return st;
   s->env_ = CallEnv{.pool = s->pool_.get(),
                     .tracker = &s->tracker_,
                     .metrics = s->metrics_.get(),
                     .failovers = s->failovers_,
+                    .failover_prompt_tokens = s->failover_prompt_tokens_,
+                    .watchdog = s->watchdog_.get(),
                     .max_attempts = options.max_attempts};
-  s->service_ = std::make_unique<Service>(&s->env_);
+  s->service_ = std::make_unique<Service>(&s->env_, s->tokens_ ? &*s->tokens_ : nullptr, s->unauthenticated_);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &s->port_);
+  DisallowPortSharing(builder);
+  builder.AddListeningPort(options.listen, *credentials, &s->port_);
   builder.RegisterService(s->service_.get());
   s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on --listen ", options.listen));
+  if (absl::Status st = CheckListening("--listen", options.listen, s->server_ != nullptr, s->port_); !st.ok()) {
+    return st;
   }
   s->server_->GetHealthCheckService()->SetServingStatus(false);
+  absl::StatusOr<std::unique_ptr<HealthProbeServer>> probe = HealthProbeServer::Start(options.health_listen, *s->server_);
+  if (!probe.ok()) return probe.status();
+  s->health_probe_ = *std::move(probe);
   s->RefreshHealth();
   s->stats_ = std::thread([p = s.get()] { p->StatsLoop(); });
   DSV4_LOG_INFO("coordinator: serving dsv4.v1.Coordinator on port {} ({} worker targets, {} ready)", s->port_,

@@ -1,6 +1,9 @@
 // CoordinatorServer: the dsv4.v1.Coordinator gRPC server (Generate, GetModelInfo), with the standard
 // grpc.health.v1 service and server reflection, its GroupPool, and its Prometheus metrics. dsv4-coordinator
 // (main.cc) is a thin shell around it; tests run it in-process.
+// Security (docs/security.md): optional TLS on the API port, TLS (and a client certificate) towards the
+// workers, bearer tokens on Generate and GetModelInfo (health and reflection need none), and an optional
+// plaintext health-only port for Kubernetes probes.
 //
 // Threads: gRPC's callback threads run every RPC; GroupPool owns a watcher thread; a stats thread refreshes
 // health and the gauges every 200 ms. Drain() is called from one control thread (main's signal waiter or a test).
@@ -8,6 +11,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,8 +19,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/bearer_tokens.h"
+#include "common/health_probe.h"
+#include "common/tls_options.h"
 #include "coordinator/generate_call.h"
 #include "coordinator/group_pool.h"
+#include "coordinator/stream_watchdog.h"
 #include "dsv4/v1/coordinator.grpc.pb.h"
 #include "grpcpp/server.h"
 #include "metrics/serving_metrics.h"
@@ -28,13 +36,21 @@ struct CoordinatorOptions {
   std::vector<std::string> workers;          // group leaders (host:port, DNS names may resolve to many)
   std::string metrics_listen;                // host:port for /metrics; empty = no metrics endpoint
   absl::Duration poll_interval = absl::Milliseconds(100);
+  // Health deadline: a group whose GetLoad poll does not answer within this is not ready, and its streams
+  // silent for as long are failed over (a hung worker; stream_watchdog.h).
   absl::Duration poll_timeout = absl::Seconds(1);
+  // Stream inactivity deadline after a stream's first message; zero = off.
+  absl::Duration stream_idle_timeout = absl::Seconds(30);
   int max_attempts = 4;                      // upstream streams per request (first + failovers/retries)
   // Health ("" service) turns SERVING once this many groups were ready (start-up gate; it stays SERVING
   // while groups come and go, so liveness probes do not restart a coordinator for its workers' sake).
   // The "dsv4.v1.Coordinator" service's health follows "at least one group ready" at every moment.
   int min_ready_groups = 0;
   uint64_t route_seed = 0;                   // power-of-two-choices RNG; 0 = from the clock
+  ServerTlsOptions tls{};                    // --tls-cert/--tls-key/--tls-client-ca; empty = plaintext API
+  ClientTlsOptions worker_tls{};             // --worker-tls-*: dialling workers; empty = plaintext
+  std::string auth_token_file{};             // --auth-token-file: bearer tokens the API needs; empty = none
+  std::string health_listen{};               // --health-listen: plaintext Health/Check-only port; empty = none
 };
 
 class CoordinatorServer {
@@ -44,6 +60,7 @@ class CoordinatorServer {
 
   int port() const { return port_; }
   int metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+  int health_port() const { return health_probe_ ? health_probe_->port() : 0; }
   GroupPool& pool() { return *pool_; }
   const CallTracker& tracker() const { return tracker_; }
 
@@ -65,12 +82,17 @@ class CoordinatorServer {
   std::unique_ptr<metrics::MetricsServer> metrics_server_;
   std::unique_ptr<metrics::ServingMetrics> metrics_;
   prometheus::Counter* failovers_ = nullptr;
+  prometheus::Counter* failover_prompt_tokens_ = nullptr;
   prometheus::Gauge* ready_groups_ = nullptr;
+  std::unique_ptr<StreamWatchdog> watchdog_;  // outlives the pool, whose watcher thread calls it
   std::unique_ptr<GroupPool> pool_;
   CallTracker tracker_;
   CallEnv env_;
   std::unique_ptr<Service> service_;
+  std::optional<BearerTokens> tokens_;  // set with --auth-token-file
+  prometheus::Counter* unauthenticated_ = nullptr;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthProbeServer> health_probe_;  // destroyed before server_
   int port_ = 0;
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

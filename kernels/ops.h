@@ -289,6 +289,40 @@ struct FillArgs {
   float value = 0.f;
 };
 
+// ---- sampling ----
+
+// One row's sampling parameters (32 bytes, an array of them in backend memory, filled by the host each step).
+struct SampleParams {
+  float temperature = 0.f;  // 0 = greedy; < 0 or NaN: a padding row (its token is -1)
+  int32_t top_k = 0;        // keep the k first tokens of the rank order; 0 (or >= V) = off, 1 = greedy
+  float top_p = 1.f;        // keep the shortest rank-order prefix whose weight reaches top_p of the total; >= 1 = off
+  float min_p = 0.f;        // drop tokens whose probability is below min_p times the top token's; <= 0 = off
+  uint64_t seed = 0;        // the request's seed (Philox key)
+  uint64_t index = 0;       // the generation index of the token drawn (Philox counter)
+};
+static_assert(sizeof(SampleParams) == 32);
+
+// Draws one token per row (worker/sampler.h's policy; the arithmetic is kernels/sample_math.h, shared by every
+// backend, so identical logits and parameters give the identical token on the CPU and the GPU):
+//  - greedy (temperature 0, top_k 1, or a row with a NaN, a +inf or only -inf logits): the lowest id among the
+//    largest logits (NaNs ignored, except that a NaN at id 0 gives 0, as a plain `>` scan does);
+//  - else x_i = (l_i - max) / temperature, p_i = e^{x_i} (relative to the top token; 0 below x = -30), weight
+//    w_i = floor(p_i * 2^44). Rank order: larger logit first, then lower id. Filters in vLLM's order:
+//    top-k keeps the first k ranks; top-p keeps the shortest rank prefix (of the top-k set) whose weight sum
+//    reaches top_p * (the top-k set's weight sum), compared in double; min-p drops p_i < min_p. The survivors'
+//    weights sum to S (S = 0: greedy); the 53 bits of Philox4x32-10(key = seed, counter = index) give
+//    target = floor(bits * S / 2^53), and the token is the first survivor in id order whose running weight sum
+//    exceeds the target.
+// All sums are exact integers, so the result does not depend on summation order.
+struct SampleArgs {
+  const float* logits = nullptr;         // [R, V] row stride logits_stride
+  const SampleParams* params = nullptr;  // [R]
+  int32_t* tokens = nullptr;             // [R] the drawn token ids (-1 for padding rows)
+  int64_t r = 0;                         // R rows (a host value: the launch depends on it)
+  int64_t v = 0;                         // V tokens per row, 1 <= V <= 2^19 (a vocabulary or a shard of it)
+  int64_t logits_stride = 0;             // elements between rows; 0 = V
+};
+
 class Ops {
  public:
   virtual ~Ops() = default;
@@ -307,6 +341,7 @@ class Ops {
   virtual void Moe(const MoeArgs& a) = 0;
   virtual void HadamardFp4(const HadamardFp4Args& a) = 0;
   virtual void Fill(const FillArgs& a) = 0;
+  virtual void Sample(const SampleArgs& a) = 0;
 };
 
 }  // namespace dsv4::kernels

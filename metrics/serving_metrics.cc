@@ -104,15 +104,23 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
     return absl::InvalidArgumentError(
         absl::StrCat("--metrics-listen must be host:port with port 0..65535, got \"", listen_addr, "\""));
   }
+  // civetweb binds without SO_REUSEPORT, so a port another process listens on fails here (the constructor
+  // throws) instead of being shared; a bound port other than the one asked for is refused too.
   std::unique_ptr<prometheus::Exposer> exposer;
   try {
     exposer = std::make_unique<prometheus::Exposer>(listen_addr, /*num_threads=*/2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("cannot serve metrics on ", listen_addr, ": ", e.what()));
+    return absl::UnavailableError(absl::StrCat("--metrics-listen ", listen_addr, ": cannot listen on port ", port,
+                                               port > 0 ? " (already in use by another process?)" : "", ": ",
+                                               e.what()));
   }
   const std::vector<int> ports = exposer->GetListeningPorts();
   if (ports.empty() || ports[0] <= 0) {
     return absl::InternalError(absl::StrCat("metrics server on ", listen_addr, " reports no listening port"));
+  }
+  if (port > 0 && ports[0] != port) {
+    return absl::UnavailableError(absl::StrCat("--metrics-listen ", listen_addr, ": asked for port ", port,
+                                               " but the server bound port ", ports[0]));
   }
   auto registry = std::make_shared<prometheus::Registry>();
   exposer->RegisterCollectable(registry);
@@ -126,12 +134,11 @@ MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer,
 
 MetricsServer::~MetricsServer() = default;
 
-ServingMetrics::ServingMetrics(prometheus::Registry& r, const Labels& labels) {
+ServingMetrics::ServingMetrics(prometheus::Registry& r, const Labels& labels, SeriesSet series) {
   const prometheus::Labels base = BaseLabels(labels);
   running_ = MakeGauge(r, "dsv4_num_requests_running", "Requests in the decode batch.", base);
   waiting_ = MakeGauge(r, "dsv4_num_requests_waiting", "Requests queued, not yet admitted.", base);
   kv_usage_ = MakeGauge(r, "dsv4_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).", base);
-  batch_size_ = MakeHistogram(r, "dsv4_decode_batch_size", "Sequences per decode step.", base, BatchSizeBuckets());
   prompt_tokens_ = MakeCounter(r, "dsv4_prompt_tokens_total", "Prompt tokens prefilled.", base);
   generation_tokens_ = MakeCounter(r, "dsv4_generation_tokens_total", "Tokens generated.", base);
   ttft_ = MakeHistogram(r, "dsv4_time_to_first_token_seconds", "Time to first token.", base, TtftBuckets());
@@ -144,6 +151,18 @@ ServingMetrics::ServingMetrics(prometheus::Registry& r, const Labels& labels) {
                        .Register(r);
   const char* reasons[] = {"stop", "length", "abort", "error"};
   for (size_t i = 0; i < finished_.size(); ++i) finished_[i] = &finished.Add(With(base, "reason", reasons[i]));
+#if defined(DSV4_HAVE_CUDA)
+  const char* cuda = "yes";
+#else
+  const char* cuda = "no";
+#endif
+  prometheus::Labels build = base;
+  build.insert({{"version", DSV4_VERSION}, {"git_commit", DSV4_GIT_COMMIT}, {"cuda", cuda}});
+  MakeGauge(r, "dsv4_build_info", "Build of this process (value 1).", build)->Set(1);
+  last_decay_ns_ = NowNs();
+  if (series == SeriesSet::kCoordinator) return;  // no engine: the series below would stay 0
+
+  batch_size_ = MakeHistogram(r, "dsv4_decode_batch_size", "Sequences per decode step.", base, BatchSizeBuckets());
   auto& phases = prometheus::BuildCounter()
                      .Name("dsv4_decode_gpu_seconds_total")
                      .Help("Decode time by phase (CUDA events on sampled steps; monotonic clock on CPU).")
@@ -168,21 +187,14 @@ ServingMetrics::ServingMetrics(prometheus::Registry& r, const Labels& labels) {
                          .Help("Start-up memory plan by kind (device memory on a GPU worker).")
                          .Register(r);
   base_ = base;
-#if defined(DSV4_HAVE_CUDA)
-  const char* cuda = "yes";
-#else
-  const char* cuda = "no";
-#endif
-  prometheus::Labels build = base;
-  build.insert({{"version", DSV4_VERSION}, {"git_commit", DSV4_GIT_COMMIT}, {"cuda", cuda}});
-  MakeGauge(r, "dsv4_build_info", "Build of this process (value 1).", build)->Set(1);
-  last_decay_ns_ = NowNs();
 }
 
 void ServingMetrics::SetRunning(int n) { running_->Set(n); }
 void ServingMetrics::SetWaiting(int n) { waiting_->Set(n); }
 void ServingMetrics::SetKvUsage(double ratio) { kv_usage_->Set(ratio); }
-void ServingMetrics::ObserveBatchSize(int b) { batch_size_->Observe(b); }
+void ServingMetrics::ObserveBatchSize(int b) {
+  if (batch_size_ != nullptr) batch_size_->Observe(b);
+}
 
 // prometheus-cpp drops negative increments silently; skip them here too, explicitly, so a caller's
 // bug cannot make a counter run backwards.
@@ -208,7 +220,7 @@ void ServingMetrics::RequestFinished(std::string_view reason) {
 void ServingMetrics::AddPhaseSeconds(Phase p, double s) {
   if (!(s > 0) || !std::isfinite(s)) return;  // NaN, inf and negatives never reach a counter
   const int i = static_cast<int>(p);
-  if (i < 0 || i >= kNumPhases) return;
+  if (i < 0 || i >= kNumPhases || phase_seconds_[i] == nullptr) return;
   phase_seconds_[i]->Increment(s);
   absl::MutexLock lock(&share_mu_);
   const int64_t now = NowNs();
@@ -224,6 +236,7 @@ void ServingMetrics::AddPhaseSeconds(Phase p, double s) {
 }
 
 void ServingMetrics::SetStartup(double load_s, double load_bytes, double capture_s, double total_s) {
+  if (load_seconds_ == nullptr) return;
   load_seconds_->Set(load_s);
   load_bytes_->Set(load_bytes);
   load_bytes_per_second_->Set(load_s > 0 ? load_bytes / load_s : 0.0);
@@ -232,13 +245,17 @@ void ServingMetrics::SetStartup(double load_s, double load_bytes, double capture
 }
 
 void ServingMetrics::SetGraphCaptureSeconds(int bucket, double s) {
+  if (capture_bucket_seconds_ == nullptr) return;
   capture_bucket_seconds_->Add(With(base_, "bucket", std::to_string(bucket))).Set(s);
 }
 
 void ServingMetrics::SetStartupMemory(std::string_view kind, double bytes) {
+  if (startup_memory_ == nullptr) return;
   startup_memory_->Add(With(base_, "kind", std::string(kind))).Set(bytes);
 }
 
-double ServingMetrics::attention_time_share() const { return attention_share_->Value(); }
+double ServingMetrics::attention_time_share() const {
+  return attention_share_ != nullptr ? attention_share_->Value() : 0.0;
+}
 
 }  // namespace dsv4::metrics

@@ -67,10 +67,16 @@ class MetricsServer {
   int port_;
 };
 
+// Which series a process exports. A worker rank exports all of them. The coordinator runs no engine, so it
+// leaves out the engine series (dsv4_decode_batch_size, dsv4_decode_gpu_seconds_total,
+// dsv4_attention_time_share, dsv4_startup_*) that would otherwise sit at 0 beside the workers' real ones; the
+// methods that feed them do nothing there.
+enum class SeriesSet { kWorker, kCoordinator };
+
 // The serving series of one process. Create one per process on the MetricsServer's registry.
 class ServingMetrics {
  public:
-  ServingMetrics(prometheus::Registry& registry, const Labels& labels);
+  ServingMetrics(prometheus::Registry& registry, const Labels& labels, SeriesSet series = SeriesSet::kWorker);
   ServingMetrics(const ServingMetrics&) = delete;
   ServingMetrics& operator=(const ServingMetrics&) = delete;
 
@@ -79,7 +85,11 @@ class ServingMetrics {
   void SetKvUsage(double ratio);  // dsv4_kv_cache_usage_ratio, 0..1
   void ObserveBatchSize(int b);  // dsv4_decode_batch_size, one observation per decode step
 
-  void AddPromptTokens(int64_t n);      // dsv4_prompt_tokens_total
+  // dsv4_prompt_tokens_total: prompt tokens prefilled, counted when a request's first token is sampled (worker)
+  // or arrives (coordinator). A worker counts the prompt it was sent (after a failover: the original prompt plus
+  // the resumed tokens); the coordinator counts the client's prompt once per request and the re-prefilled
+  // prompts of failovers in dsv4_coordinator_failover_prompt_tokens_total (docs/metrics.md).
+  void AddPromptTokens(int64_t n);
   void AddGenerationTokens(int64_t n);  // dsv4_generation_tokens_total
 
   void ObserveTtft(double s);  // dsv4_time_to_first_token_seconds
@@ -102,7 +112,7 @@ class ServingMetrics {
   // budget; device memory on a GPU worker, host memory on a CPU one).
   void SetStartupMemory(std::string_view kind, double bytes);
 
-  double attention_time_share() const;  // the gauge's current value, for logs and tests
+  double attention_time_share() const;  // the gauge's current value (0 without the engine series)
 
   // Also exported, set once by the constructor: dsv4_build_info{version, git_commit, cuda} = 1.
 
@@ -110,22 +120,22 @@ class ServingMetrics {
   prometheus::Gauge* running_;
   prometheus::Gauge* waiting_;
   prometheus::Gauge* kv_usage_;
-  prometheus::Histogram* batch_size_;
+  prometheus::Histogram* batch_size_ = nullptr;  // engine series: null for SeriesSet::kCoordinator
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
   prometheus::Histogram* ttft_;
   prometheus::Histogram* itl_;
   prometheus::Histogram* e2e_;
   std::array<prometheus::Counter*, 4> finished_;  // stop, length, abort, error
-  std::array<prometheus::Counter*, kNumPhases> phase_seconds_;
-  prometheus::Gauge* attention_share_;
-  prometheus::Gauge* load_seconds_;
-  prometheus::Gauge* load_bytes_;
-  prometheus::Gauge* load_bytes_per_second_;
-  prometheus::Gauge* capture_seconds_;
-  prometheus::Gauge* startup_seconds_;
-  prometheus::Family<prometheus::Gauge>* capture_bucket_seconds_;
-  prometheus::Family<prometheus::Gauge>* startup_memory_;
+  std::array<prometheus::Counter*, kNumPhases> phase_seconds_ = {};
+  prometheus::Gauge* attention_share_ = nullptr;
+  prometheus::Gauge* load_seconds_ = nullptr;
+  prometheus::Gauge* load_bytes_ = nullptr;
+  prometheus::Gauge* load_bytes_per_second_ = nullptr;
+  prometheus::Gauge* capture_seconds_ = nullptr;
+  prometheus::Gauge* startup_seconds_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* capture_bucket_seconds_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* startup_memory_ = nullptr;
   prometheus::Labels base_;
 
   mutable absl::Mutex share_mu_;

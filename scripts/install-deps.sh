@@ -6,7 +6,7 @@ pkgs=(
   build-essential cmake ninja-build ccache pkg-config git file
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev prometheus-cpp-dev libgloo-dev libgtest-dev libgmock-dev
-  nlohmann-json3-dev libspdlog-dev
+  nlohmann-json3-dev libspdlog-dev libssl-dev openssl
   python3 python3-numpy python3-grpcio python3-grpc-tools python3-yaml
   prometheus
 )

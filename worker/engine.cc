@@ -264,7 +264,6 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
   for (size_t i = 0; i < plan.size(); ++i) {
     Request* r = plan[i].request;
     if (r->state == RequestState::kDecode) ++decode;
-    if (metrics_ && plan[i].start == 0 && r->preemptions == 0) metrics_->AddPromptTokens(r->prompt_tokens);
     r->num_computed += plan[i].count;
     if (!plan[i].samples) continue;
     const std::span<const float> row(logits_.data() + i * vocab, vocab);
@@ -291,6 +290,10 @@ void Engine::AfterSample(Request* r, int32_t token, std::vector<uint64_t>* done)
   const absl::Time now = absl::Now();
   if (metrics_) {
     if (r->first_token_time == absl::InfinitePast()) {
+      // dsv4_prompt_tokens_total: the prompt this worker prefilled, counted once its prefill is done (the first
+      // token): after a failover that includes the resumed tokens the coordinator sent (docs/metrics.md).
+      // Recomputation after a preemption is not counted again (first_token_time survives it).
+      metrics_->AddPromptTokens(static_cast<int64_t>(r->tokens.size()) - 1);
       metrics_->ObserveTtft(absl::ToDoubleSeconds(now - r->arrival_time));
     } else {
       metrics_->ObserveItl(absl::ToDoubleSeconds(now - r->last_token_time));

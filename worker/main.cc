@@ -28,8 +28,12 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/flag_help.h"
+#include "common/grpc_listen.h"
+#include "common/health_probe.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/tls_options.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -82,6 +86,14 @@ ABSL_FLAG(int, phase_timing_every, kDefaults.phase_timing_every,
           "time the phases (dsv4_decode_gpu_seconds_total) of 1 step in N; needs --metrics-listen");
 ABSL_FLAG(bool, validate_only, kDefaults.validate_only,
           "check the flags (not the checkpoint or the GPU), print the options, exit 0 (deploy/ manifests in CI)");
+// Security (docs/security.md). All empty = plaintext, as suits a local run.
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain of the gRPC port (also a follower's client certificate)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_client_ca, "", "require client certificates signed by this PEM CA (mutual TLS)");
+ABSL_FLAG(std::string, leader_tls_ca, "", "ranks >= 1: PEM CA that signed the leader's certificate (TLS on)");
+ABSL_FLAG(std::string, leader_tls_server_name, "", "name the leader's certificate carries; empty = host of --leader");
+ABSL_FLAG(std::string, health_listen, kDefaults.health_listen,
+          "host:port of a plaintext port serving only grpc.health.v1.Health/Check (Kubernetes probes); empty = none");
 
 namespace dsv4::worker {
 namespace {
@@ -119,6 +131,12 @@ WorkerOptions OptionsFromFlags(const std::set<std::string>& given_flags) {
   o.log_level = absl::GetFlag(FLAGS_log_level);
   o.phase_timing_every = absl::GetFlag(FLAGS_phase_timing_every);
   o.validate_only = absl::GetFlag(FLAGS_validate_only);
+  o.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),
+           .key_file = absl::GetFlag(FLAGS_tls_key),
+           .client_ca_file = absl::GetFlag(FLAGS_tls_client_ca)};
+  o.leader_tls_ca = absl::GetFlag(FLAGS_leader_tls_ca);
+  o.leader_tls_server_name = absl::GetFlag(FLAGS_leader_tls_server_name);
+  o.health_listen = absl::GetFlag(FLAGS_health_listen);
   return o;
 }
 
@@ -234,8 +252,10 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
   return engine;
 }
 
-// "grpc=HOST:PORT metrics=HOST:PORT\n" (metrics empty when --metrics-listen is off).
-std::string ReadyLine(const WorkerOptions& o, int grpc_port, const metrics::MetricsServer* metrics_server) {
+// "grpc=HOST:PORT metrics=HOST:PORT[ health=HOST:PORT]\n" (metrics empty when --metrics-listen is off, health
+// only with --health-listen).
+std::string ReadyLine(const WorkerOptions& o, int grpc_port, const metrics::MetricsServer* metrics_server,
+                      int health_port = 0) {
   std::string host, metrics_addr;
   int unused = 0;
   (void)ParseHostPort("--listen", o.listen, &host, &unused);
@@ -244,7 +264,13 @@ std::string ReadyLine(const WorkerOptions& o, int grpc_port, const metrics::Metr
     (void)ParseHostPort("--metrics-listen", o.metrics_listen, &mhost, &unused);
     metrics_addr = absl::StrCat(mhost, ":", metrics_server->port());
   }
-  return absl::StrCat("grpc=", host, ":", grpc_port, " metrics=", metrics_addr, "\n");
+  std::string health;
+  if (health_port != 0) {
+    std::string hhost;
+    (void)ParseHostPort("--health-listen", o.health_listen, &hhost, &unused);
+    health = absl::StrCat(" health=", hhost, ":", health_port);
+  }
+  return absl::StrCat("grpc=", host, ":", grpc_port, " metrics=", metrics_addr, health, "\n");
 }
 
 // The gRPC side, up before the engine (NOT_SERVING; Generate answers UNAVAILABLE until AttachEngine) so
@@ -252,6 +278,7 @@ std::string ReadyLine(const WorkerOptions& o, int grpc_port, const metrics::Metr
 struct Frontend {
   std::unique_ptr<WorkerService> service;
   std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<HealthProbeServer> health;  // --health-listen; destroyed before the server
   int port = 0;
 };
 
@@ -272,12 +299,16 @@ absl::StatusOr<std::unique_ptr<Frontend>> StartFrontend(const WorkerOptions& o, 
     };
   }
   f->service = std::make_unique<WorkerService>(nullptr, std::move(service_options));
+  DSV4_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        MakeServerCredentials(o.tls, "worker gRPC port (dsv4.v1.Worker)"));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &f->port);
+  DisallowPortSharing(builder);
+  builder.AddListeningPort(o.listen, credentials, &f->port);
   builder.RegisterService(f->service.get());
   f->server = builder.BuildAndStart();
-  if (!f->server || f->port == 0) return absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind"));
+  DSV4_RETURN_IF_ERROR(CheckListening("--listen", o.listen, f->server != nullptr, f->port));
   f->server->GetHealthCheckService()->SetServingStatus(false);
+  DSV4_ASSIGN_OR_RETURN(f->health, HealthProbeServer::Start(o.health_listen, *f->server));
   return f;
 }
 
@@ -326,7 +357,7 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   Engine& engine = **engine_or;
   frontend.service->AttachEngine(&engine);
   server->GetHealthCheckService()->SetServingStatus(true);
-  const std::string ready = ReadyLine(o, port, metrics_server.get());
+  const std::string ready = ReadyLine(o, port, metrics_server.get(), frontend.health ? frontend.health->port() : 0);
   if (serving_metrics) {
     const double total_s = absl::ToDoubleSeconds(absl::Now() - t_start);
     serving_metrics->SetStartup(load.seconds, static_cast<double>(load.bytes), load.capture_seconds, total_s);
@@ -367,7 +398,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  absl::SetProgramUsageMessage("dsv4-worker: DeepSeek-V4 decode worker (see docs/worker.md)");
+  constexpr char kUsage[] = "dsv4-worker --checkpoint DIR [flags]: DeepSeek-V4 decode worker (docs/worker.md)";
+  dsv4::HandleHelpFlag(argc, argv, kUsage, "worker/main.cc");
+  absl::SetProgramUsageMessage(kUsage);
   // The documented spelling is --max-batch; absl flag names are identifiers, so '-' in a name becomes '_'.
   std::vector<std::string> args(argv, argv + argc);
   std::vector<char*> argp;

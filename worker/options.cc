@@ -36,6 +36,7 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
   int port = 0;
   DSV4_RETURN_IF_ERROR(ParseHostPort("--listen", o.listen, &host, &port));
   if (!o.metrics_listen.empty()) DSV4_RETURN_IF_ERROR(ParseHostPort("--metrics-listen", o.metrics_listen, &host, &port));
+  if (!o.health_listen.empty()) DSV4_RETURN_IF_ERROR(ParseHostPort("--health-listen", o.health_listen, &host, &port));
   if (o.backend != "cpu" && o.backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("--backend '", o.backend, "' must be cpu or cuda"));
   }
@@ -115,6 +116,17 @@ std::string DescribeOptions(const WorkerOptions& o) {
                   ", listen ", o.listen);
   if (!o.metrics_listen.empty()) absl::StrAppend(&out, ", metrics ", o.metrics_listen);
   return out;
+}
+
+ClientTlsOptions LeaderTlsOptions(const WorkerOptions& o) {
+  ClientTlsOptions t;
+  t.flag_prefix = "--leader-tls-";
+  if (o.leader_tls_ca.empty()) return t;  // plaintext
+  t.ca_file = o.leader_tls_ca;
+  t.cert_file = o.tls.cert_file;
+  t.key_file = o.tls.key_file;
+  t.server_name = o.leader_tls_server_name;
+  return t;
 }
 
 }  // namespace dsv4::worker

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/tls_options.h"
 
 namespace dsv4::worker {
 
@@ -41,6 +42,12 @@ struct WorkerOptions {
   std::string log_level = "info";          // --log-level
   int phase_timing_every = 64;             // --phase-timing-every: time the phases of 1 step in N (needs metrics)
   bool validate_only = false;              // --validate-only: check the flags, print them, exit 0 (CI, deploy/)
+  // Security (docs/security.md); all empty = plaintext. The certificate is also the client certificate a
+  // follower rank presents to its leader.
+  ServerTlsOptions tls{};                  // --tls-cert, --tls-key, --tls-client-ca (mutual TLS)
+  std::string leader_tls_ca;               // --leader-tls-ca: followers verify the leader against it (TLS on)
+  std::string leader_tls_server_name;      // --leader-tls-server-name: empty = the host part of --leader
+  std::string health_listen;               // --health-listen: plaintext Health/Check-only port; empty = none
 };
 
 // INVALID_ARGUMENT naming the flag and the allowed range. Checks the flags alone (never the checkpoint folder,
@@ -49,7 +56,7 @@ struct WorkerOptions {
 absl::Status ValidateOptions(const WorkerOptions& options);
 
 // The CUDA-graph decode buckets for --max-batch (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, then steps of
-// 32), the last one exactly max_batch; empty with --cuda-graphs=false or --backend cpu.
+// 64), the last one exactly max_batch; empty with --cuda-graphs=false or --backend cpu.
 std::vector<int> GraphBuckets(const WorkerOptions& options);
 
 // One line naming the options that matter for a deployment (printed by --validate-only and at start-up).
@@ -60,5 +67,9 @@ inline int64_t MaxStepTokens(const WorkerOptions& o) { return int64_t{o.prefill_
 
 // "host:port" split; INVALID_ARGUMENT naming `flag` when malformed.
 absl::Status ParseHostPort(const std::string& flag, const std::string& value, std::string* host, int* port);
+
+// How a follower rank dials its leader: TLS when --leader-tls-ca is set (presenting --tls-cert as its client
+// certificate when set), plaintext otherwise.
+ClientTlsOptions LeaderTlsOptions(const WorkerOptions& options);
 
 }  // namespace dsv4::worker

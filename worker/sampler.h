@@ -1,6 +1,9 @@
-// Token sampling: greedy, temperature, top-k, top-p, min-p, drawn from a counter-based generator.
+// Token sampling for the engine: greedy, temperature, top-k, top-p, min-p, drawn from a counter-based generator.
+// A thin adapter over the one reference sampler, kernels/cpu/cpu_sample.h (the algorithm is documented at
+// SampleArgs in kernels/ops.h, its arithmetic in kernels/sample_math.h); a device backend's Sample op computes
+// the same token from the same logits.
 //
-// Reproducibility: the uniform variate for a request's i-th generated token is Philox4x32-10 keyed by the
+// Reproducibility: the random bits for a request's i-th generated token are Philox4x32-10 keyed by the
 // request's seed with counter i. No generator state is carried between steps, so the same seed gives the same
 // tokens whatever the batch, after preemption and recompute, and on another worker resuming the request at
 // token index i (GenerateRequest.resume_generated).
@@ -14,7 +17,6 @@
 
 #include <cstdint>
 #include <span>
-#include <utility>
 #include <vector>
 
 namespace dsv4::worker {
@@ -27,7 +29,8 @@ struct SamplingConfig {
   uint64_t seed = 0;
 };
 
-// Philox4x32-10 of (key = seed, counter = index): a uniform double in [0, 1) with 53 random bits.
+// Philox4x32-10 of (key = seed, counter = index): a uniform double in [0, 1) with 53 random bits (the bits the
+// sampler draws with).
 double CounterUniform(uint64_t seed, uint64_t index);
 
 // Index of the largest logit (lowest index among equals).
@@ -39,7 +42,7 @@ class Sampler {
   int32_t Sample(std::span<const float> logits, const SamplingConfig& config, uint64_t index);
 
  private:
-  std::vector<std::pair<float, int32_t>> candidates_;  // (logit or probability, token id)
+  std::vector<uint64_t> scratch_;  // the reference sampler's sort space, one value per token
 };
 
 }  // namespace dsv4::worker

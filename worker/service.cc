@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/raw_rpc.h"
 
 namespace dsv4::worker {
 namespace {
@@ -50,10 +51,10 @@ class StreamSink final : public RequestSink {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);  // set by OnFailure; the call's final status when not OK
-  GenerateResponse* in_flight_ = nullptr;  // the message being written (front of queue_)
+  grpc::ByteBuffer in_flight_;  // the front of queue_, encoded, while its write is in flight
 };
 
-class GenerateReactor final : public grpc::ServerWriteReactor<GenerateResponse> {
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   GenerateReactor(Engine* engine, const dsv4::v1::GenerateRequest& request)
       : engine_(engine), sink_(std::make_shared<StreamSink>(this)) {
@@ -135,7 +136,7 @@ StreamSink::Next StreamSink::PickNext() {
   }
   if (!queue_.empty()) {
     writing_ = true;
-    in_flight_ = &queue_.front();  // deque keeps element addresses stable on push_back
+    SerializeTo(queue_.front(), &in_flight_);  // written only here, under mu_, while no write is in flight
     return Next::kWrite;
   }
   if (got_last_) {
@@ -149,7 +150,7 @@ void StreamSink::Act(Next next, GenerateReactor* reactor) {
   // The reactor stays alive here: OnDone only follows a Finish, and only Act issues Finish.
   switch (next) {
     case Next::kNothing: return;
-    case Next::kWrite: reactor->StartWrite(in_flight_); return;
+    case Next::kWrite: reactor->StartWrite(&in_flight_); return;
     case Next::kFinishOk: reactor->Finish(grpc::Status::OK); return;
     case Next::kFinishCancelled:
       reactor->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "generate call cancelled"));
@@ -168,84 +169,98 @@ void StreamSink::Act(Next next, GenerateReactor* reactor) {
 
 constexpr char kNotReady[] = "worker is starting: the engine is not up yet";
 
-// Generate before the engine exists (a group still forming; health is NOT_SERVING then).
-class NotReadyReactor final : public grpc::ServerWriteReactor<GenerateResponse> {
+// A Generate answered at once with `status`: a request that did not decode, or no engine yet (a group still
+// forming; health is NOT_SERVING then).
+class RefusedReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  NotReadyReactor() { Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, kNotReady)); }
+  explicit RefusedReactor(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
 };
+
+using GetLoadCall = UnaryCall<dsv4::v1::GetLoadRequest, dsv4::v1::GetLoadResponse>;
+using DrainCall = UnaryCall<dsv4::v1::DrainRequest, dsv4::v1::DrainResponse>;
+using RendezvousCall = UnaryCall<dsv4::v1::RendezvousRequest, dsv4::v1::RendezvousResponse>;
+using ModelInfoCall = UnaryCall<dsv4::v1::GetModelInfoRequest, dsv4::v1::GetModelInfoResponse>;
 
 }  // namespace
 
 WorkerService::WorkerService(Engine* engine, ServiceOptions options)
     : engine_(engine), options_(std::move(options)) {}
 
-Engine* WorkerService::EngineOrFinish(grpc::ServerUnaryReactor* reactor) const {
+template <typename Call>
+Engine* WorkerService::EngineOrReply(Call* call) const {
   Engine* engine = engine_.load(std::memory_order_acquire);
-  if (engine == nullptr) reactor->Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, kNotReady));
+  if (engine == nullptr) call->Reply(grpc::Status(grpc::StatusCode::UNAVAILABLE, kNotReady));
   return engine;
 }
 
-grpc::ServerWriteReactor<GenerateResponse>* WorkerService::Generate(grpc::CallbackServerContext* context,
-                                                                    const dsv4::v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* WorkerService::Generate(grpc::CallbackServerContext* context,
+                                                                    const grpc::ByteBuffer* bytes) {
+  dsv4::v1::GenerateRequest request;
+  if (absl::Status parsed = ParseRequest(*bytes, &request); !parsed.ok()) {
+    return new RefusedReactor(ToGrpcStatus(parsed));
+  }
   Engine* engine = engine_.load(std::memory_order_acquire);
-  if (engine == nullptr) return new NotReadyReactor();
-  return new GenerateReactor(engine, *request);
+  if (engine == nullptr) return new RefusedReactor(grpc::Status(grpc::StatusCode::UNAVAILABLE, kNotReady));
+  return new GenerateReactor(engine, request);
 }
 
-grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* context,
-                                                 const dsv4::v1::GetLoadRequest* request,
-                                                 dsv4::v1::GetLoadResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  Engine* engine = EngineOrFinish(reactor);
-  if (engine == nullptr) return reactor;
-  *response = engine->GetLoad();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
+                                                 grpc::ByteBuffer* out) {
+  auto* call = new GetLoadCall(in, out);
+  if (!call->parsed()) return call;
+  Engine* engine = EngineOrReply(call);
+  if (engine == nullptr) return call;
+  *call->response() = engine->GetLoad();
+  call->Reply(grpc::Status::OK);
+  return call;
 }
 
-grpc::ServerUnaryReactor* WorkerService::Drain(grpc::CallbackServerContext* context,
-                                               const dsv4::v1::DrainRequest* request,
-                                               dsv4::v1::DrainResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  Engine* engine = EngineOrFinish(reactor);
-  if (engine == nullptr) return reactor;
-  const double timeout_s = request->timeout_s() > 0 ? request->timeout_s() : options_.default_drain_timeout_s;
+grpc::ServerUnaryReactor* WorkerService::Drain(grpc::CallbackServerContext* context, const grpc::ByteBuffer* in,
+                                               grpc::ByteBuffer* out) {
+  auto* call = new DrainCall(in, out);
+  if (!call->parsed()) return call;
+  Engine* engine = EngineOrReply(call);
+  if (engine == nullptr) return call;
+  const double requested = call->request().timeout_s();
+  const double timeout_s = requested > 0 ? requested : options_.default_drain_timeout_s;
   DSV4_LOG_INFO("drain requested (timeout {:.1f} s)", timeout_s);
   if (options_.on_drain) options_.on_drain();
-  engine->Drain(absl::Seconds(timeout_s), [reactor, response](int finished, int aborted) {
-    response->set_finished(finished);
-    response->set_aborted(aborted);
-    reactor->Finish(grpc::Status::OK);
+  engine->Drain(absl::Seconds(timeout_s), [call](int finished, int aborted) {
+    call->response()->set_finished(finished);
+    call->response()->set_aborted(aborted);
+    call->Reply(grpc::Status::OK);
   });
-  return reactor;
+  return call;
 }
 
 grpc::ServerUnaryReactor* WorkerService::Rendezvous(grpc::CallbackServerContext* context,
-                                                    const dsv4::v1::RendezvousRequest* request,
-                                                    dsv4::v1::RendezvousResponse* response) {
-  auto* reactor = context->DefaultReactor();
+                                                    const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  auto* call = new RendezvousCall(in, out);
+  if (!call->parsed()) return call;
   if (options_.rendezvous) {
-    reactor->Finish(ToGrpcStatus(options_.rendezvous(*request, response)));
-    return reactor;
+    call->Reply(ToGrpcStatus(options_.rendezvous(call->request(), call->response())));
+    return call;
   }
-  reactor->Finish(grpc::Status(
+  const int rank = call->request().rank();
+  call->Reply(grpc::Status(
       grpc::StatusCode::FAILED_PRECONDITION,
       options_.world == 1
-          ? absl::StrCat("this worker runs --world 1: no followers can join (rendezvous from rank ",
-                         request->rank(), " refused)")
+          ? absl::StrCat("this worker runs --world 1: no followers can join (rendezvous from rank ", rank,
+                         " refused)")
           : absl::StrCat("this worker is a follower, not the leader (rank 0) of its group: rendezvous from rank ",
-                         request->rank(), " refused; point --leader at rank 0")));
-  return reactor;
+                         rank, " refused; point --leader at rank 0")));
+  return call;
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                      const dsv4::v1::GetModelInfoRequest* request,
-                                                      dsv4::v1::GetModelInfoResponse* response) {
-  auto* reactor = context->DefaultReactor();
-  Engine* engine = EngineOrFinish(reactor);
-  if (engine == nullptr) return reactor;
+                                                      const grpc::ByteBuffer* in, grpc::ByteBuffer* out) {
+  auto* call = new ModelInfoCall(in, out);
+  if (!call->parsed()) return call;
+  Engine* engine = EngineOrReply(call);
+  if (engine == nullptr) return call;
   const ModelInfo& info = engine->model_info();
+  dsv4::v1::GetModelInfoResponse* response = call->response();
   response->set_model_name(info.model_name);
   response->set_vocab_size(info.vocab_size);
   response->set_max_context(options_.max_context);
@@ -253,8 +268,8 @@ grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContex
   response->set_bos_token_id(info.bos_token_id);
   response->set_num_layers(info.num_layers);
   response->set_weight_format(info.weight_format);
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  call->Reply(grpc::Status::OK);
+  return call;
 }
 
 }  // namespace dsv4::worker

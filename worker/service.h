@@ -8,6 +8,9 @@
 // GetLoad, GetModelInfo, Drain, Rendezvous: unary reactors that never wait on the engine (Drain's reply is sent
 // from the engine thread when the drain completes).
 //
+// Every method is raw (common/raw_rpc.h): the handlers decode the request bytes themselves, so a request that
+// does not decode gets INVALID_ARGUMENT saying so instead of gRPC's own UNIMPLEMENTED with no message.
+//
 // Threads: reactions run on gRPC's callback threads; the engine calls sinks on its own thread. The per-call
 // StreamSink mutex serialises the two; no reaction blocks.
 #pragma once
@@ -31,29 +34,34 @@ struct ServiceOptions {
   std::function<absl::Status(const dsv4::v1::RendezvousRequest&, dsv4::v1::RendezvousResponse*)> rendezvous;
 };
 
-class WorkerService final : public dsv4::v1::Worker::CallbackService {
+// dsv4.v1.Worker with every method raw (bytes in, bytes out).
+using RawWorkerService = dsv4::v1::Worker::WithRawCallbackMethod_Generate<
+    dsv4::v1::Worker::WithRawCallbackMethod_GetLoad<dsv4::v1::Worker::WithRawCallbackMethod_Drain<
+        dsv4::v1::Worker::WithRawCallbackMethod_Rendezvous<
+            dsv4::v1::Worker::WithRawCallbackMethod_GetModelInfo<dsv4::v1::Worker::Service>>>>>;
+
+class WorkerService final : public RawWorkerService {
  public:
   // `engine` may be null while a group forms (the server must be up for followers to rendezvous): until
   // AttachEngine, Generate, GetLoad, GetModelInfo and Drain answer UNAVAILABLE.
   WorkerService(Engine* engine, ServiceOptions options);
   void AttachEngine(Engine* engine) { engine_.store(engine, std::memory_order_release); }
 
-  grpc::ServerWriteReactor<dsv4::v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const dsv4::v1::GenerateRequest* request) override;
-  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context, const dsv4::v1::GetLoadRequest* request,
-                                    dsv4::v1::GetLoadResponse* response) override;
-  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context, const dsv4::v1::DrainRequest* request,
-                                  dsv4::v1::DrainResponse* response) override;
-  grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* context,
-                                       const dsv4::v1::RendezvousRequest* request,
-                                       dsv4::v1::RendezvousResponse* response) override;
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const dsv4::v1::GetModelInfoRequest* request,
-                                         dsv4::v1::GetModelInfoResponse* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                    grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Drain(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* Rendezvous(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                       grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context, const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
 
  private:
-  // The engine, or UNAVAILABLE "still starting" (set on `reactor`) when none is attached yet.
-  Engine* EngineOrFinish(grpc::ServerUnaryReactor* reactor) const;
+  // The engine, or nullptr after answering UNAVAILABLE "still starting" on `call` when none is attached yet.
+  template <typename Call>
+  Engine* EngineOrReply(Call* call) const;
 
   std::atomic<Engine*> engine_;
   ServiceOptions options_;

@@ -8,7 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "worker/lockstep.h"
+#include "common/grpc_listen.h"
+#include "common/health_probe.h"
 #include "model/dsv4/shard.h"
 #include "worker/lockstep.h"
 #include "common/logging.h"
@@ -48,6 +49,8 @@ absl::StatusOr<comm::GroupOptions> MakeGroupOptions(const WorkerOptions& o) {
   DSV4_ASSIGN_OR_RETURN(g.checkpoint_fingerprint, comm::CheckpointFingerprint(o.checkpoint));
   g.host = o.host;
   g.leader_addr = o.leader;
+  DSV4_ASSIGN_OR_RETURN(g.leader_security,
+                        MakeChannelSecurity(LeaderTlsOptions(o), o.rank > 0 ? "this rank -> its leader" : ""));
   g.comm.timeout = Ms(o.comm_timeout_s);
   g.comm.startup_timeout = Ms(o.startup_timeout_s);
   // A GPU group's activations are device buffers: its forward's collectives go through NCCL (on the CUDA backend's
@@ -89,13 +92,17 @@ absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
   service_options.max_context = o.max_context;
   service_options.world = o.world;
   WorkerService service(nullptr, std::move(service_options));
+  DSV4_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        MakeServerCredentials(o.tls, absl::StrCat("rank ", o.rank, " gRPC port (health)")));
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(o.listen, grpc::InsecureServerCredentials(), &port);
+  DisallowPortSharing(builder);
+  builder.AddListeningPort(o.listen, credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server || port == 0) return absl::UnavailableError(absl::StrCat("--listen ", o.listen, ": cannot bind"));
+  DSV4_RETURN_IF_ERROR(CheckListening("--listen", o.listen, server != nullptr, port));
   server->GetHealthCheckService()->SetServingStatus(false);
+  DSV4_ASSIGN_OR_RETURN(std::unique_ptr<HealthProbeServer> probe, HealthProbeServer::Start(o.health_listen, *server));
   WatchSignals(signals, o.drain_timeout_s, o.rank);
 
   DSV4_LOG_INFO("rank {} of {}: joining the group at {} (checkpoint {})", o.rank, o.world, o.leader,
@@ -117,6 +124,7 @@ absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
   DSV4_RETURN_IF_ERROR(on_ready(port));
   const absl::Status s = RunFollower(*group.control, *local);
   server->GetHealthCheckService()->SetServingStatus(false);
+  probe.reset();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   if (s.ok()) DSV4_LOG_INFO("rank {}: the leader shut the group down; exiting", o.rank);
   return s;

@@ -6,6 +6,8 @@
 //   ranks >= 1 (followers): RunFollowerRank is the whole process after flag checks: a gRPC server with health
 //     and a refusing Rendezvous only, JoinGroup at --leader, load the shard, then apply the leader's step plans
 //     until its shutdown plan (OK) or a failure (the caller exits non-zero; the group restarts as a whole).
+//   Both serve gRPC with --tls-* (docs/security.md); followers dial the leader's Rendezvous with --leader-tls-ca,
+//   presenting --tls-cert, and may serve a plaintext probe port (--health-listen).
 #pragma once
 
 #include <csignal>

@@ -3,6 +3,7 @@
 //   dsv4-bench --target 127.0.0.1:50051 --num-prompts 64 --random-input-len 128 --random-output-len 32
 //              --random-range-ratio 0.5 --concurrency 1,4,16 --output-json results.json
 //   dsv4-bench --target HOST:PORT --dataset file --dataset-path prompts.jsonl --request-rate 4 --concurrency 64
+//   dsv4-bench --target dsv4.example.com:443 --tls-ca ca.crt --token-file token ...   (docs/security.md)
 //
 // Prints one table row per sweep point (request throughput, token throughput, TTFT/TPOT/ITL mean and
 // percentiles) and the same numbers as JSON. Exits 1 when any request failed. See docs/coordinator.md.
@@ -16,9 +17,11 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/ascii.h"
 #include "bench/serving/runner.h"
 #include "bench/serving/stats.h"
 #include "bench/serving/workload.h"
+#include "common/tls_options.h"
 #include "coordinator/dashed_flags.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -36,12 +39,43 @@ ABSL_FLAG(double, temperature, 0, "sampling temperature (0 = greedy)");
 ABSL_FLAG(uint64_t, seed, 1, "workload, arrival and sampling seed");
 ABSL_FLAG(int, warmup, 1, "requests sent (and not measured) before the first sweep point");
 ABSL_FLAG(std::string, output_json, "", "also write the JSON report here");
+// A coordinator with TLS and tokens (docs/security.md).
+ABSL_FLAG(bool, tls, false, "TLS even without --tls-ca (the system's CA certificates verify the coordinator)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA that signed the coordinator's certificate; turns TLS on");
+ABSL_FLAG(std::string, tls_cert, "", "client certificate, for a coordinator that requires one (mutual TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls-cert");
+ABSL_FLAG(std::string, tls_server_name, "", "name the coordinator's certificate carries; empty = host of --target");
+ABSL_FLAG(std::string, token_file, "", "file whose first line is the bearer token sent on every call (needs TLS)");
 
 namespace {
 
 int Fail(const std::string& m) {
   std::fprintf(stderr, "dsv4-bench: %s\n", m.c_str());
   return 2;
+}
+
+// TLS and the bearer token from the flags; the token is the file's first line that is not blank or a comment.
+absl::StatusOr<dsv4::ChannelSecurity> ChannelSecurityFromFlags() {
+  std::string token;
+  if (const std::string path = absl::GetFlag(FLAGS_token_file); !path.empty()) {
+    absl::StatusOr<std::string> text = dsv4::ReadSecretFile("--token-file", path);
+    if (!text.ok()) return text.status();
+    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+      line = absl::StripAsciiWhitespace(line);
+      if (!line.empty() && line.front() != '#') {
+        token = std::string(line);
+        break;
+      }
+    }
+    if (token.empty()) return absl::InvalidArgumentError("--token-file " + path + ": no token in the file");
+  }
+  dsv4::ClientTlsOptions tls;
+  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  tls.use_tls = absl::GetFlag(FLAGS_tls);
+  return dsv4::MakeChannelSecurity(tls, "", token);
 }
 
 }  // namespace
@@ -62,7 +96,9 @@ int main(int argc, char** argv) {
   if (sweep.empty()) return Fail("--concurrency is empty");
   if (absl::GetFlag(FLAGS_request_rate) < 0) return Fail("--request-rate must be >= 0");
 
-  auto stub = dsv4::v1::Coordinator::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<dsv4::ChannelSecurity> security = ChannelSecurityFromFlags();
+  if (!security.ok()) return Fail(std::string(security.status().message()));
+  auto stub = dsv4::v1::Coordinator::NewStub(security->Connect(target));
   dsv4::v1::GetModelInfoResponse info;
   {
     grpc::ClientContext ctx;

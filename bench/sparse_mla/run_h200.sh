@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# One device call for issue 7 (see docs/gpu.md): GPU tests, the benchmark, optional sanitizer / ncu / SASS
-# passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling:
+# One device call for issues 7 / 17 (see docs/gpu.md): GPU tests, the benchmark, optional sanitizer / ncu / SASS
+# passes, with every log under $OUT. Run from the repository root on the GPU machine after bundling a build
+# for sm_90a (the wgmma kernel is only built there):
 #   STEPS="test bench" bash bench/sparse_mla/run_h200.sh
 # Steps: test, memcheck, racecheck, bench, bench_heads, bench_w8 (the 8-warp kernel), bench_mtiles (wide
 # kernel with 16- / 32-head blocks at small batch), base (a baseline build bundled as bin/sparse_mla_bench_base,
 # same-run comparison), bench_pdl (combine with programmatic dependent launch), ncu_combine (the combine kernel
 # of the baseline and this build at NCU_BATCH), sweep32 (split counts at B = 32), comm (NCCL comm_gpu_test, if bundled), ncu,
-# ncu_stalls, sass. BUNDLE: the bundle folder.
+# ncu_stalls, sass, sass8 (spill instructions of the 8-warp 64-head kernel, with context), ncu_dram (HBM bytes
+# read by the main kernel at H = 64 and 128, NCU_BATCH), bench_odd (batches 1..128 incl. non-powers of two,
+# this build and the baseline). BUNDLE: the bundle folder.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-B=${BUNDLE:-.gpu/mla2}
+B=${BUNDLE:-.gpu/mla4}
 export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 STEPS=${STEPS:-"test bench"}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$OUT/gpu.txt" 2>&1
@@ -20,10 +23,11 @@ for step in $STEPS; do
     test) timeout 240 $B/bin/sparse_mla_test --gtest_color=no > "$OUT/test.txt" 2>&1
           echo "rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED|rel_err\(global\)" "$OUT/test.txt" | grep -E "FAILED|PASSED|SKIPPED" | head -30 ;;
     memcheck) timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*split130*:*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*:*B2_*_w16_m4:*B16_H128*m2' \
+          --gtest_filter='*split130*:*B4_H64_K128p512_P64x64_holes_tile16_split3:*B3_H32*:*B4_H64_K5p7*:*B16_H64_K64p448*:*B2_*_w16_m4:*B16_H128*m2:*_wgmma:*B48_H64*:*B5_H64*:*B3_H64_K128p872*:*B24_H32*' \
           > "$OUT/memcheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/memcheck.txt" ;;
     racecheck) timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
-          --gtest_filter='*split130*:*B1_H16_K128p256*:*B3_H16*:*B2_*_w16_m4:*B1_H64_K128p512*_m1' > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
+          --gtest_filter='*split130*:*B1_H16_K128p256*:*B3_H16*:*B2_*_w16_m4:*B1_H64_K128p512*_m1:*B1_H64_K128p512_P64x64_holes_wgmma:*B5_H64*:*B4_H64_K5p7*_wgmma:*B3_H64_K128p872*' \
+          > "$OUT/racecheck.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck.txt" ;;
     bench) timeout 240 $B/bin/sparse_mla_bench ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "rc=$?"; cat "$OUT/bench.txt" ;;
     base) timeout 120 $B/bin/sparse_mla_bench_base --kernels=mma --batches=${BASE_BATCHES:-1,16,32,64,128} --mma_peak=false \
           --reps=50 > "$OUT/bench_base.txt" 2>&1; echo "rc=$? (baseline binary)"; grep "^| [0-9]" "$OUT/bench_base.txt" ;;
@@ -44,10 +48,10 @@ for step in $STEPS; do
           tail -6 "$OUT/bench_m$m.txt"; done ;;
     bench_heads) for h in 16 128; do timeout 120 $B/bin/sparse_mla_bench --heads=$h --batches=1,32,128 --reps=50 ${HEADS_ARGS:-} \
           > "$OUT/bench_h$h.txt" 2>&1; echo "rc=$?"; tail -6 "$OUT/bench_h$h.txt"; done ;;
-    ncu) timeout 200 ncu --clock-control none --set full -k regex:SparseMlaMma -c 2 \
+    ncu) timeout 200 ncu --clock-control none --set full -k "regex:SparseMla(Mma|Wgmma)" -c 2 \
           $B/bin/sparse_mla_bench --batches=${NCU_BATCH:-128} --reps=1 --kernels=mma --pool_mb=100 > "$OUT/ncu.txt" 2>&1
           echo "rc=$?"; grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Registers|Achieved Occupancy|Issue Slots Busy|No Eligible|Stall|L2 Hit|Bank" "$OUT/ncu.txt" | head -40 ;;
-    ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k regex:SparseMlaMma -c 1 \
+    ncu_stalls) for nb in ${NCU_BATCHES:-128 1}; do timeout 120 ncu --clock-control none -k "regex:SparseMla(Mma|Wgmma)" -c 1 \
           --metrics regex:smsp__average_warps_issue_stalled_.*_per_issue_active.ratio,smsp__inst_executed_pipe_tensor.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum \
           $B/bin/sparse_mla_bench --batches=$nb --reps=1 --kernels=mma --pool_mb=100 --mma_peak=false ${NCU_ARGS:-} \
           > "$OUT/ncu_stalls_b$nb.txt" 2>&1
@@ -55,6 +59,15 @@ for step in $STEPS; do
     sass_wide) cuobjdump -sass $B/bin/sparse_mla_bench | awk '/Function : .*WideKernelILi4E/ {on=1} /Function : / && !/WideKernelILi4E/ {on=0} on' \
           > "$OUT/sass_wide4.txt"; echo "wide<4> SASS lines: $(wc -l < "$OUT/sass_wide4.txt")"
           grep -oE "^ +/\*[0-9a-f]{4}\*/ +[@!A-Z0-9_.]+ *[A-Z0-9_.]+" "$OUT/sass_wide4.txt" | awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -25 ;;
+    sass8) cuobjdump -sass $B/bin/sparse_mla_bench | awk '/Function : .*SparseMlaMmaKernelILi4ELi32E/ {on=1} /Function : / && !/SparseMlaMmaKernelILi4ELi32E/ {on=0} on' \
+          > "$OUT/sass8.txt"; echo "8-warp <4,32> SASS lines: $(wc -l < "$OUT/sass8.txt"), HMMA $(grep -c HMMA "$OUT/sass8.txt"), STL $(grep -c STL "$OUT/sass8.txt"), LDL $(grep -c LDL "$OUT/sass8.txt")"
+          grep -n -E "STL|LDL|BAR.SYNC|HMMA|BRA" "$OUT/sass8.txt" | awk -F: '{print $1, $0}' | grep -E "STL|LDL|BRA" | cut -c1-110 | head -60 ;;
+    ncu_dram) for h in 64 128; do timeout 100 ncu --clock-control none -k "regex:SparseMla(Mma|Wgmma)" -c 1 --metrics dram__bytes_read.sum,lts__t_bytes.sum,gpu__time_duration.sum \
+          $B/bin/sparse_mla_bench --heads=$h --batches=${NCU_BATCH:-64} --reps=1 --kernels=mma --pool_mb=100 --mma_peak=false > "$OUT/ncu_dram_h$h.txt" 2>&1
+          echo "rc=$? H=$h"; grep -E "dram__bytes|lts__t_bytes|duration" "$OUT/ncu_dram_h$h.txt"; done ;;
+    bench_odd) for bin in sparse_mla_bench_base sparse_mla_bench; do timeout 150 $B/bin/$bin --kernels=mma --mma_peak=false --reps=${ODD_REPS:-50} \
+          --heads=${ODD_HEADS:-64} --batches=${ODD_BATCHES:-1,3,8,16,24,32,40,48,64,80,96,112,128} > "$OUT/odd_h${ODD_HEADS:-64}_$bin.txt" 2>&1; echo "rc=$? $bin H=${ODD_HEADS:-64}"
+          grep "^| [0-9]" "$OUT/odd_h${ODD_HEADS:-64}_$bin.txt" | cut -c1-80; done ;;
     sass) cuobjdump -sass $B/bin/sparse_mla_bench > "$OUT/sass_full.txt" 2>&1
           grep -oE "(HMMA|LDSM|LDGSTS|F2FP|HADD2|BAR|SHFL|MUFU)[.A-Z0-9_]*" "$OUT/sass_full.txt" | sort | uniq -c > "$OUT/sass_summary.txt"
           cat "$OUT/sass_summary.txt"; rm -f "$OUT/sass_full.txt" ;;

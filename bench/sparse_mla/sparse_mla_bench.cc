@@ -6,7 +6,7 @@
 // fraction of it reached. Prints a markdown table for bench/RESULTS.md.
 //
 //   sparse_mla_bench [--heads=64] [--batches=1,2,4,8,16,32,64,128] [--window=128] [--extra=512] [--reps=100]
-//                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--warps=0] [--m_tiles=0] [--pdl=0]
+//                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--warps=0] [--m_tiles=0] [--pdl=0] [--wgmma=0]
 //                    [--pool_mb=200] [--mma_peak=true]
 #include <cuda_runtime_api.h>
 
@@ -23,6 +23,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/cuda_status.h"
 #include "common/float_formats.h"
 #include "bench/sparse_mla/mma_peak.h"
 #include "kernels/sparse_mla/kv_row_format.h"
@@ -39,20 +40,22 @@ ABSL_FLAG(int, splits, 0, "MMA split override (0 = plan's choice)");
 ABSL_FLAG(int, warps, 0, "MMA block width override: 16 (wide kernel) or 8 (0 = plan's choice)");
 ABSL_FLAG(int, m_tiles, 0, "MMA 16-head m-tiles per block override: 1, 2 or 4 (0 = plan's choice)");
 ABSL_FLAG(int, pdl, 0, "split combine with programmatic dependent launch: 1 on, -1 off (0 = plan's choice)");
+ABSL_FLAG(int, wgmma, 0, "sm_90a wgmma kernel for 64-head blocks: 1 on, -1 off (0 = plan's choice)");
 ABSL_FLAG(bool, mma_peak, true, "measure the mma.sync bf16 rate first (compute floor columns)");
 ABSL_FLAG(int, pool_mb, 200, "KV pool size in MB (rows rotated through; keep well above the L2)");
 
 namespace dsv4::kernels::sparse_mla {
 namespace {
 
-#define CHECK_CUDA(expr)                                                                          \
-  do {                                                                                            \
-    const cudaError_t err_ = (expr);                                                              \
-    if (err_ != cudaSuccess) {                                                                    \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
+// A benchmark has no caller to return an error to: a failed CUDA call (common/cuda_status.h) ends the program.
+void CheckCuda(cudaError_t err, const char* what) {
+  const absl::Status s = CudaStatus(err, what);
+  if (!s.ok()) {
+    std::fprintf(stderr, "sparse_mla_bench: %s\n", s.ToString().c_str());
+    std::exit(1);
+  }
+}
+#define CHECK_CUDA(expr) CheckCuda((expr), #expr)
 
 template <typename T>
 T* DeviceAlloc(size_t count) {
@@ -191,7 +194,8 @@ double TimeKernel(SparseMlaKernel kernel, const std::vector<InputSet>& sets, con
                                .num_splits = absl::GetFlag(FLAGS_splits),
                                .warps = absl::GetFlag(FLAGS_warps),
                                .m_tiles = absl::GetFlag(FLAGS_m_tiles),
-                               .pdl = absl::GetFlag(FLAGS_pdl)};
+                               .pdl = absl::GetFlag(FLAGS_pdl),
+                               .wgmma = absl::GetFlag(FLAGS_wgmma)};
   auto plan = MakeSparseMlaPlan(kernel, B, H, K_w + K_e, options);
   if (!plan.ok()) {
     std::fprintf(stderr, "plan: %s\n", plan.status().ToString().c_str());
@@ -280,9 +284,9 @@ int Main() {
   const KvPoolView pool = MakePool(pool_rows, 64);
   std::printf("H=%d, K=%d (%d window + %d compressed), pool %.0f MB, reps %d\n\n", H, K, K_w, K_e,
               pool.size_bytes() * 1e-6, reps);
-  std::printf("| B | sets | warps | m-tiles | splits | pdl | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | "
+  std::printf("| B | sets | warps | m-tiles | splits | pdl | wgmma | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | "
               "HBM floor us | HBM floor/MMA | mma floor us | mma floor/MMA | check |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const int B : batches) {
     const int n_sets = static_cast<int>(std::clamp<int64_t>(pool.num_rows() / (int64_t{B} * K), 1, 512));
     std::vector<InputSet> sets = MakeSets(n_sets, B, H, K_w, K_e, pool.num_rows());
@@ -303,8 +307,9 @@ int Main() {
     }
     const double floor = bytes / copy_bw;
     const double mma_floor = mma_peak > 0 ? flops / mma_peak : 0.0;
-    std::printf("| %d | %d | %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
-                B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits, mma_plan.pdl ? 1 : 0, t_mma * 1e6, t_simt * 1e6,
+    std::printf("| %d | %d | %d | %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
+                B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits, mma_plan.pdl ? 1 : 0,
+                mma_plan.wgmma ? 1 : 0, t_mma * 1e6, t_simt * 1e6,
                 t_mma > 0 ? t_simt / t_mma : 0.0, t_mma > 0 ? bytes / t_mma * 1e-9 : 0.0,
                 t_mma > 0 ? flops / t_mma * 1e-12 : 0.0, floor * 1e6, t_mma > 0 ? 100.0 * floor / t_mma : 0.0,
                 mma_floor * 1e6, t_mma > 0 ? 100.0 * mma_floor / t_mma : 0.0, diff);

@@ -47,14 +47,15 @@ void CpuOps::Reserve(const StepLimits& l) {
         .experts = l.experts,
         .topk = l.experts_per_token,
         .hidden = l.hidden,
-        .inter = std::max(l.moe_inter, l.shared_inter)});
+        .inter = std::max(l.moe_inter, l.shared_inter),
+        .vocab = l.vocab});
 }
 
 void CpuOps::Grow(const Sizes& s) {
   Sizes& z = sizes_;
   if (s.key_slots <= z.key_slots && s.index_rows <= z.index_rows && s.head_dim <= z.head_dim &&
       s.row_dim <= z.row_dim && s.moe_tokens <= z.moe_tokens && s.experts <= z.experts && s.topk <= z.topk &&
-      s.hidden <= z.hidden && s.inter <= z.inter) {
+      s.hidden <= z.hidden && s.inter <= z.inter && s.vocab <= z.vocab) {
     return;  // the common case after Reserve: nothing to do, nothing allocated
   }
   z = {.key_slots = std::max(z.key_slots, s.key_slots),
@@ -65,7 +66,8 @@ void CpuOps::Grow(const Sizes& s) {
        .experts = std::max(z.experts, s.experts),
        .topk = std::max(z.topk, s.topk),
        .hidden = std::max(z.hidden, s.hidden),
-       .inter = std::max(z.inter, s.inter)};
+       .inter = std::max(z.inter, s.inter),
+       .vocab = std::max(z.vocab, s.vocab)};
   int64_t bytes = 0;
   for (ThreadScratch& t : threads_) {
     GrowTo(t.key_ptr, z.key_slots);
@@ -74,7 +76,9 @@ void CpuOps::Grow(const Sizes& s) {
     GrowTo(t.order, z.index_rows);
     GrowTo(t.acc, z.head_dim);
     GrowTo(t.row, z.row_dim);
-    bytes += Bytes(t.key_ptr) + Bytes(t.keys) + Bytes(t.scores) + Bytes(t.order) + Bytes(t.acc) + Bytes(t.row);
+    GrowTo(t.sample, z.vocab);
+    bytes += Bytes(t.key_ptr) + Bytes(t.keys) + Bytes(t.scores) + Bytes(t.order) + Bytes(t.acc) + Bytes(t.row) +
+             Bytes(t.sample);
   }
   const int64_t tk = z.moe_tokens * z.topk;
   MoeScratch& m = moe_;

@@ -49,6 +49,7 @@ class CpuOps final : public Ops {
   void Moe(const MoeArgs& a) override;
   void HadamardFp4(const HadamardFp4Args& a) override;
   void Fill(const FillArgs& a) override;
+  void Sample(const SampleArgs& a) override;
 
  private:
   // One thread's scratch inside a parallel op.
@@ -59,6 +60,7 @@ class CpuOps final : public Ops {
     std::vector<int32_t> order;         // [index_rows]
     std::vector<double> acc;            // [head_dim]
     std::vector<float> row;             // [row_dim] one pooled / decoded row
+    std::vector<uint64_t> sample;       // [vocab] the sampler's sort space
   };
   // Scratch of the MoE (the routing and the per-expert gathers run on the calling thread).
   struct MoeScratch {
@@ -68,6 +70,7 @@ class CpuOps final : public Ops {
   struct Sizes {
     int64_t key_slots = 0, index_rows = 0, head_dim = 0, row_dim = 0;
     int64_t moe_tokens = 0, experts = 0, topk = 0, hidden = 0, inter = 0;
+    int64_t vocab = 0;
   };
 
   void Fail(absl::Status s);

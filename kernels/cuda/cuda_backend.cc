@@ -124,9 +124,13 @@ absl::Status CudaBackend::Reserve(const StepLimits& limits) {
   DSV4_RETURN_IF_ERROR(GrowScratch(attention_scratch_, scratch_.attention, AttentionScratchBytes(limits)));
   DSV4_RETURN_IF_ERROR(GrowScratch(indexer_scratch_, scratch_.indexer, IndexerScratchBytes(limits)));
   // The sparse-MLA launch plans for steps up to `limits` (GrowScratch reset the scratch struct's plan pointer);
-  // nothing enqueued may still use the old plan.
+  // nothing enqueued may still use the old plan. Limits without attention heads (a caller that runs no attention,
+  // e.g. an op benchmark) get none.
   DSV4_RETURN_IF_ERROR(Synchronize());
-  DSV4_ASSIGN_OR_RETURN(attention_plan_, MakeAttentionPlan(limits, attention_kernel_));
+  attention_plan_.reset();
+  if (limits.heads > 0) {
+    DSV4_ASSIGN_OR_RETURN(attention_plan_, MakeAttentionPlan(limits, attention_kernel_));
+  }
   scratch_.attention.attention_plan = attention_plan_.get();
   return Synchronize();
 }

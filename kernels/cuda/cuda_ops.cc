@@ -26,5 +26,6 @@ void CudaOps::Attention(const AttentionArgs& a) { Keep(LaunchAttention(a, scratc
 void CudaOps::Moe(const MoeArgs& a) { Keep(LaunchMoe(a, scratch_->moe, stream_)); }
 void CudaOps::HadamardFp4(const HadamardFp4Args& a) { Keep(LaunchHadamardFp4(a, stream_)); }
 void CudaOps::Fill(const FillArgs& a) { Keep(LaunchFill(a, stream_)); }
+void CudaOps::Sample(const SampleArgs& a) { Keep(LaunchSample(a, stream_)); }
 
 }  // namespace dsv4::kernels::cuda

@@ -39,6 +39,7 @@ class CudaOps final : public Ops {
   void Moe(const MoeArgs& a) override;
   void HadamardFp4(const HadamardFp4Args& a) override;
   void Fill(const FillArgs& a) override;
+  void Sample(const SampleArgs& a) override;
 
   // The first error since the last call (OK if none), and forgets it.
   absl::Status TakeError();

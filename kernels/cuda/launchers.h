@@ -64,4 +64,7 @@ absl::StatusOr<ExpertsHandle> PrepareCudaExperts(std::span<const WeightView> w1,
                                                  std::span<const WeightView> w2, Backend& backend);
 absl::Status LaunchMoe(const MoeArgs& a, const CudaScratch& scratch, cudaStream_t stream);
 
+// sample.cu (sampling; no scratch: a block per row in shared memory)
+absl::Status LaunchSample(const SampleArgs& a, cudaStream_t stream);
+
 }  // namespace dsv4::kernels::cuda

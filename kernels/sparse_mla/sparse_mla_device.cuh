@@ -159,12 +159,15 @@ __device__ __forceinline__ BlockRange MakeRange(const SparseMlaParams& p, int b,
 // Epilogue shared by both MMA kernels: normalises each head's output row by its sum (folding in the sink when
 // the block saw every key) and stores bf16 output + natural-log LSE, or, for a split, the f32 partial row and
 // the (max in log2 units, sum) pair the combine kernel weighs it by. `o` is the warp's accumulator for its
-// kDimsPerWarp output dims of kMTiles 16-head m-tiles; stat_* are per-head block statistics in shared memory.
+// kDimsPerWarp output dims [dim0, dim0 + kDimsPerWarp) of kMTiles 16-head m-tiles starting at block head
+// mtile_head0 (the mma.sync / wgmma accumulator layout: rows g and g + 8, columns 2 t4, 2 t4 + 1 of each 8-dim
+// block); stat_* are per-head block statistics in shared memory.
 template <int kMTiles, int kDimsPerWarp, int kHeadsPerBlock>
 __device__ __forceinline__ void StoreBlockOutput(const SparseMlaParams& p, const float (&o)[kMTiles][kDimsPerWarp / 8][4],
                                                  const float* stat_m, const float* stat_l, const float* stat_lq,
-                                                 int b, int head0, int split, int num_splits, int tid) {
-  const int lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+                                                 int b, int head0, int split, int num_splits, int tid,
+                                                 int mtile_head0, int dim0) {
+  const int lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int H = p.num_heads;
   const bool direct = num_splits == 1;
   // Split partials: o / l per split, then the running max (log2 units) and sum, so the combine weighs the
@@ -176,7 +179,7 @@ __device__ __forceinline__ void StoreBlockOutput(const SparseMlaParams& p, const
   for (int mi = 0; mi < kMTiles; ++mi) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int hl = 16 * mi + g + 8 * half, h = head0 + hl;
+      const int hl = mtile_head0 + 16 * mi + g + 8 * half, h = head0 + hl;
       const float l = stat_l[hl];
       float factor = 0.f;  // no valid key: zeros
       if (l != 0.f) {
@@ -188,13 +191,13 @@ __device__ __forceinline__ void StoreBlockOutput(const SparseMlaParams& p, const
       }
       const int64_t bh = static_cast<int64_t>(b) * H + h;
       if (direct) {
-        uint32_t* dst = reinterpret_cast<uint32_t*>(p.out) + (bh * kKvDim + warp * kDimsPerWarp + 2 * t4) / 2;
+        uint32_t* dst = reinterpret_cast<uint32_t*>(p.out) + (bh * kKvDim + dim0 + 2 * t4) / 2;
 #pragma unroll
         for (int nj = 0; nj < kDimsPerWarp / 8; ++nj) {
           dst[nj * 4] = PackBf16x2(o[mi][nj][2 * half] * factor, o[mi][nj][2 * half + 1] * factor);
         }
       } else {
-        float* dst = ws_o + (bh * num_splits + split) * kKvDim + warp * kDimsPerWarp + 2 * t4;
+        float* dst = ws_o + (bh * num_splits + split) * kKvDim + dim0 + 2 * t4;
 #pragma unroll
         for (int nj = 0; nj < kDimsPerWarp / 8; ++nj) {
           *reinterpret_cast<float2*>(dst + nj * 8) =

@@ -24,10 +24,17 @@ size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits);
 int MmaWideSmemBytes(int m_tiles);
 cudaError_t PrepareMmaWideKernel(int m_tiles);
 cudaError_t LaunchMmaWideMain(const SparseMlaParams& p, int m_tiles, int num_splits, cudaStream_t stream);
-// Main kernel over (head group, split, sequence) -- the wide one when `wide`, else the 8-warp one with
-// tile_rows -- and, when num_splits > 1, the LSE combine kernel (with programmatic dependent launch when pdl).
-cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, int m_tiles, int tile_rows, int num_splits,
-                            bool pdl, cudaStream_t stream);
+// The sm_90a wgmma kernel of sparse_mla_wgmma.cu (64-head blocks, 32-row tiles): whether this build holds
+// its sm_90a code (the target list has 90a), its dynamic shared memory, limit and main-kernel launch.
+bool MmaWgmmaBuilt();
+int MmaWgmmaSmemBytes();
+cudaError_t PrepareMmaWgmmaKernel();
+cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream);
+// Main kernel over (head group, split, sequence) -- the wide one when `wide`, the wgmma one when `wgmma`, else
+// the 8-warp one with tile_rows -- and, when num_splits > 1, the LSE combine kernel (with programmatic
+// dependent launch when pdl).
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, int m_tiles, int tile_rows,
+                            int num_splits, bool pdl, cudaStream_t stream);
 // Test hook (sparse_mla_dequant_check.cu): out[256 s + c] = the kernels' bf16 dequantisation of e4m3
 // code c under ue8m0 scale byte s, for all 256 x 256 pairs (out: 65,536 uint16 in device memory).
 cudaError_t LaunchDequantTable(uint16_t* out, cudaStream_t stream);

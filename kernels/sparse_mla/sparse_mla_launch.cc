@@ -20,6 +20,8 @@ bool Aligned(const void* p, uintptr_t n) { return reinterpret_cast<uintptr_t>(p)
 constexpr bool kWideAtLargeBatch = false;
 // Whether the automatic plan launches the split combine with programmatic dependent launch (sm_90+).
 constexpr bool kAutoPdl = false;
+// The automatic plan uses the wgmma kernel only for blocks of at least this many 32-row tiles.
+constexpr int kWgmmaMinTiles = 8;
 
 }  // namespace
 
@@ -54,8 +56,29 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   // Automatic shape (H200 measurements, bench/RESULTS.md "second pass"): with few 64-head blocks per
   // batch the wide kernel with 16- or 32-head blocks puts more SMs to work (B = 1: 15.5 us against 20.0);
   // at larger batches the 64-head block is best.
+  if (options.wgmma < -1 || options.wgmma > 1) {
+    return absl::InvalidArgumentError(absl::StrCat("wgmma is ", options.wgmma, "; use 1 (on), -1 (off) or 0"));
+  }
+  int cc_major = 0, cc_minor = 0;
+  DSV4_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device), "compute capability"));
+  DSV4_RETURN_IF_ERROR(CudaStatus(
+      cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device), "compute capability"));
+  const bool wgmma_available = internal::MmaWgmmaBuilt() && cc_major == 9 && cc_minor == 0 && num_heads >= 64 &&
+                               internal::MmaWgmmaSmemBytes() <= smem_optin;
+  if (options.wgmma == 1) {
+    if (!wgmma_available) {
+      return absl::FailedPreconditionError(
+          "wgmma = 1: the wgmma kernel needs a build for sm_90a (90a in CMAKE_CUDA_ARCHITECTURES), a compute "
+          "capability 9.0 GPU and num_heads 64 or 128");
+    }
+    if ((options.m_tiles != 0 && options.m_tiles != 4) || options.warps == 16 || options.tile_rows == 16) {
+      return absl::InvalidArgumentError("wgmma = 1 runs 64-head blocks of 32-row tiles (m_tiles 4, warps 8)");
+    }
+  }
   const int64_t head_blocks = static_cast<int64_t>(max_batch) * std::max(num_heads / 64, 1);
-  const bool few_blocks = options.m_tiles == 0 && options.warps != 8 && options.tile_rows != 16 && head_blocks <= 8;
+  const bool few_blocks = options.m_tiles == 0 && options.warps != 8 && options.tile_rows != 16 &&
+                          options.wgmma != 1 && head_blocks <= 8;
   plan.m_tiles = options.m_tiles != 0 ? options.m_tiles
                  : few_blocks          ? std::min(head_blocks <= 4 ? 1 : 2, num_heads / 16)
                                        : std::min(num_heads / 16, 4);
@@ -82,13 +105,7 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   if (plan.tile_rows == 0) {
     plan.tile_rows = internal::MmaSmemBytes(plan.m_tiles, 32) <= smem_optin ? 32 : 16;
   }
-  plan.smem_bytes = plan.warps == 16 ? internal::MmaWideSmemBytes(plan.m_tiles)
-                                     : internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
-  if (plan.smem_bytes > smem_optin) {
-    return absl::FailedPreconditionError(absl::StrCat("the MMA kernel needs ", plan.smem_bytes,
-                                                      " bytes of shared memory per block; this GPU allows ",
-                                                      smem_optin));
-  }
+  // Splits: the same for the 8-warp and the wgmma kernel (both 64-head blocks of 32-row tiles).
   const int tiles = std::max(1, (max_topk + plan.tile_rows - 1) / plan.tile_rows);
   const int64_t blocks = static_cast<int64_t>(max_batch) * plan.head_groups;
   plan.num_splits = options.num_splits > 0
@@ -97,15 +114,29 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   if (plan.num_splits > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("num_splits is ", plan.num_splits, ", at most 65535"));
   }
+  // The wgmma kernel replaces the 8-warp one for 64-head blocks of 32-row tiles: when asked, or by default
+  // when no shape option pins the mma.sync kernels (tests and benchmarks pin them to keep them measured) and
+  // each block has at least kWgmmaMinTiles tiles (H200, fourth pass: 5-7% faster from B = 48 at H = 64,
+  // 1-2 us slower at B = 16 / 32 where blocks hold 3-5 tiles and its start-up dominates).
+  const bool shape_pinned = options.warps != 0 || options.m_tiles != 0 || options.tile_rows != 0;
+  const bool long_blocks = (tiles + plan.num_splits - 1) / plan.num_splits >= kWgmmaMinTiles;
+  plan.wgmma = options.wgmma == 1 || (options.wgmma == 0 && !shape_pinned && wgmma_available && long_blocks &&
+                                      plan.warps == 8 && plan.m_tiles == 4 && plan.tile_rows == 32);
+  plan.smem_bytes = plan.warps == 16 ? internal::MmaWideSmemBytes(plan.m_tiles)
+                    : plan.wgmma     ? internal::MmaWgmmaSmemBytes()
+                                     : internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
+  if (plan.smem_bytes > smem_optin) {
+    return absl::FailedPreconditionError(absl::StrCat("the MMA kernel needs ", plan.smem_bytes,
+                                                      " bytes of shared memory per block; this GPU allows ",
+                                                      smem_optin));
+  }
   plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits);
   if (options.pdl < -1 || options.pdl > 1) {
     return absl::InvalidArgumentError(absl::StrCat("pdl is ", options.pdl, "; use 1 (on), -1 (off) or 0"));
   }
-  int cc_major = 0;
-  DSV4_RETURN_IF_ERROR(CudaStatus(
-      cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device), "compute capability"));
   plan.pdl = cc_major >= 9 && (options.pdl == 1 || (options.pdl == 0 && kAutoPdl));
   DSV4_RETURN_IF_ERROR(CudaStatus(plan.warps == 16 ? internal::PrepareMmaWideKernel(plan.m_tiles)
+                                  : plan.wgmma     ? internal::PrepareMmaWgmmaKernel()
                                                    : internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows),
                                   "cudaFuncSetAttribute"));
   return plan;
@@ -138,7 +169,7 @@ absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMl
                                                    " bytes (or is null or misaligned); this launch needs ",
                                                    need, " bytes, 16-byte aligned"));
   }
-  return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.m_tiles, plan.tile_rows,
+  return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.wgmma, plan.m_tiles, plan.tile_rows,
                                               plan.num_splits, plan.pdl, stream),
                     "MMA sparse-MLA launch");
 }

@@ -30,6 +30,10 @@ struct SparseMlaPlanOptions {
   int warps = 0;       // MMA block width: 16 (wide kernel, 32-row tiles) or 8 (automatic: see MakeSparseMlaPlan)
   int m_tiles = 0;     // 16-head m-tiles per block: 1, 2 or 4 (automatic: see MakeSparseMlaPlan)
   int pdl = 0;         // split combine with programmatic dependent launch: 1 on, -1 off (0 = automatic)
+  // The sm_90a wgmma kernel for 64-head blocks: 1 forces it (FailedPrecondition where it is not built for
+  // sm_90a or the GPU is not compute capability 9.0), -1 keeps the mma.sync kernels, 0 = automatic (used for
+  // 64-head blocks when available and no other shape option is given).
+  int wgmma = 0;
 };
 
 struct SparseMlaPlan {
@@ -43,12 +47,15 @@ struct SparseMlaPlan {
   int tile_rows = 0;        // MMA: KV rows per pipeline step
   int num_splits = 1;       // MMA: blocks per (sequence, head group) along the selected rows
   bool pdl = false;         // MMA: the combine launches with programmatic dependent launch (sm_90+)
+  bool wgmma = false;       // MMA: the sm_90a wgmma kernel (sparse_mla_wgmma.cu) instead of the 8-warp one
   int smem_bytes = 0;       // MMA: dynamic shared memory per block
   size_t workspace_bytes = 0;  // SparseMlaParams::workspace needed for max_batch
 };
 
 // Chooses the launch configuration on the current device: with B * max(H / 64, 1) <= 8 the wide kernel with
-// 16-head (<= 4) or 32-head blocks where its shared memory fits, else the 8-warp kernel with 64-head blocks;
+// 16-head (<= 4) or 32-head blocks where its shared memory fits, else 64-head blocks -- on the sm_90a wgmma
+// kernel where this build has it, the GPU is compute capability 9.0 and blocks hold >= 8 tiles, else on the
+// mma.sync 8-warp kernel;
 // splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU.
 // Raises the kernel's shared memory limit.
 absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,

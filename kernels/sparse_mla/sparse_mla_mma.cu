@@ -1,6 +1,7 @@
 // Tensor-core sparse-MLA decode (bf16 mma.sync m16n8k16, f32 accumulate), design in docs/sparse-mla.md:
 // the 8-warp kernel (any shared memory size: 16- or 32-row tiles; what sm_120 runs) and the split combine
-// kernel shared with the wide 16-warp kernel of sparse_mla_mma_wide.cu.
+// kernel shared with the wide 16-warp kernel of sparse_mla_mma_wide.cu and the wgmma kernel of
+// sparse_mla_wgmma.cu.
 //
 // One block = one sequence x one group of G = 16 * kMTiles heads (H = 128 runs two 64-head groups) x one
 // split of the selected rows. The block streams its rows in tiles of kTileRows through a 3-stage cp.async
@@ -347,7 +348,8 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  StoreBlockOutput<kMTiles, 64, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid);
+  StoreBlockOutput<kMTiles, 64, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
+                                           /*mtile_head0=*/0, /*dim0=*/warp * 64);
 }
 
 // Merges the splits of one (sequence, head) per block of 128 threads (thread i owns dims 4i..4i+3):
@@ -483,11 +485,13 @@ size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 2) * sizeof(float);
 }
 
-cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, int m_tiles, int tile_rows, int num_splits,
-                            bool pdl, cudaStream_t stream) {
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, int m_tiles, int tile_rows,
+                            int num_splits, bool pdl, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (wide) {
     err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
+  } else if (wgmma) {
+    err = LaunchMmaWgmmaMain(p, num_splits, stream);
   } else {
     if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
     err = Dispatch(m_tiles, tile_rows,

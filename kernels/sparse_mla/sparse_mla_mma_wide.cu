@@ -370,7 +370,8 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  StoreBlockOutput<kMTiles, kPvDims, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid);
+  StoreBlockOutput<kMTiles, kPvDims, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
+                                                /*mtile_head0=*/0, /*dim0=*/warp * kPvDims);
 }
 
 template <int kMTiles>

@@ -1,14 +1,20 @@
 // Coordinator behaviour against in-process fake worker groups (fake_worker.h): streaming, validation,
-// load-aware routing, saturation, failover stitching, cancellation, drain. Each test runs in well under a
-// second; the real-process tests (real workers, kill -9) are in real_process_test.cc.
+// load-aware routing, saturation, failover stitching, hung groups (health and inactivity deadlines),
+// undecodable requests, prompt-token accounting, cancellation, drain. Each test runs in about a second or less;
+// the real-process tests (real workers, kill -9) are in process_test.cc.
+#include <cstdio>
+#include <functional>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "bench/serving/runner.h"
 #include "coordinator/server.h"
+#include "coordinator/stream_watchdog.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/fake_worker.h"
+#include "tests/coordinator/process_helpers.h"
 #include "tests/coordinator/test_client.h"
 
 namespace dsv4::testing {
@@ -22,7 +28,7 @@ class CoordinatorTest : public ::testing::Test {
     for (const FakeWorkerOptions& o : options) workers_.push_back(std::make_unique<FakeWorker>(o));
   }
   void StartCoordinator(int max_attempts = 4, int expect_ready = -1) {
-    coordinator::CoordinatorOptions o;
+    coordinator::CoordinatorOptions o = options_;  // tests may set deadlines or metrics there first
     o.listen = "127.0.0.1:0";
     for (const auto& w : workers_) o.workers.push_back(w->address());
     o.poll_interval = absl::Milliseconds(20);
@@ -39,6 +45,17 @@ class CoordinatorTest : public ::testing::Test {
   // Waits until every group's polled load reflects what the fakes now report.
   void WaitPolls() { absl::SleepFor(absl::Milliseconds(80)); }
 
+  std::string Scrape() {
+    return HttpGet(absl::StrCat("127.0.0.1:", server_->metrics_port()), "/metrics");
+  }
+  const coordinator::GroupStatus* Group(const std::vector<coordinator::GroupStatus>& groups, int w) {
+    for (const auto& g : groups) {
+      if (g.address == workers_[w]->address()) return &g;
+    }
+    return nullptr;
+  }
+
+  coordinator::CoordinatorOptions options_;
   std::vector<std::unique_ptr<FakeWorker>> workers_;
   std::unique_ptr<coordinator::CoordinatorServer> server_;
   std::string address_;
@@ -345,6 +362,232 @@ TEST_F(CoordinatorTest, BenchRunnerRecordsEveryRequest) {
     EXPECT_EQ(sum.completed, 10);
     EXPECT_GT(sum.output_tok_s, 0);
   }
+}
+
+// Issue 16 #4: the count in the saturation message includes the groups this request already tried (here a
+// group that refused it with a full queue), not only the ones left to try.
+TEST_F(CoordinatorTest, SaturationMessageCountsEveryReadyGroup) {
+  StartWorkers({{.queue_full = true}, {}});
+  dsv4::v1::GetLoadResponse full;
+  full.set_max_batch(4);
+  full.set_running(4);
+  full.set_waiting(8);
+  full.set_max_waiting(8);
+  workers_[1]->SetLoad(full);
+  StartCoordinator();
+  WaitPolls();
+  StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(r.status.error_message(),
+              HasSubstr("all 2 ready worker groups are saturated (1 of them already tried for this request)"));
+  EXPECT_EQ(workers_[0]->generate_calls(), 1);
+  EXPECT_EQ(workers_[1]->generate_calls(), 0);
+}
+
+// Issue 16 #2: bytes that are not a request get INVALID_ARGUMENT saying so (gRPC's typed handlers answered
+// UNIMPLEMENTED with no message), and nothing reaches a worker.
+TEST_F(CoordinatorTest, UndecodableRequestsAreInvalidArgument) {
+  StartWorkers({{}});
+  StartCoordinator();
+  // The hand-made body is a valid request but for its request_id: the same bytes with "ab" are the encoding.
+  dsv4::v1::GenerateRequest valid = MakeRequest({5, 6, 7}, 4);
+  valid.set_request_id("ab");
+  std::string bad_utf8 = GenerateRequestWithBadUtf8();
+  std::string ab = bad_utf8;
+  ab.replace(2, 2, "ab");
+  ASSERT_EQ(valid.SerializeAsString(), ab);
+
+  grpc::Status st = RawUnaryCall(address_, "/dsv4.v1.Coordinator/Generate", bad_utf8);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("could not be parsed as dsv4.v1.GenerateRequest"));
+  EXPECT_THAT(st.error_message(), HasSubstr("request_id"));
+  st = RawUnaryCall(address_, "/dsv4.v1.Coordinator/Generate", std::string("\xff\xff\xff\xff\x0f", 5));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("could not be parsed"));
+  st = RawUnaryCall(address_, "/dsv4.v1.Coordinator/GetModelInfo", std::string("\x0b\x0b", 2));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("could not be parsed as dsv4.v1.GetModelInfoRequest"));
+  EXPECT_EQ(workers_[0]->generate_calls(), 0);
+  const StreamResult r = RunGenerate(*stub_, MakeRequest({5, 6, 7}, 4));  // still serving
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration({5, 6, 7}, 4, false, 0, 1000));
+}
+
+// Streams `req`; calls `hook` once `after` tokens have arrived. *stall: the longest gap between two chunks
+// after the hook (tokens already in flight at the hook arrive first, so the stall shows as one long gap).
+StreamResult RunWithHook(dsv4::v1::Coordinator::Stub& stub, const dsv4::v1::GenerateRequest& req, int after,
+                         const std::function<void()>& hook, absl::Duration* stall) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));  // a hang fails, not blocks
+  StreamResult r;
+  auto reader = stub.Generate(&ctx, req);
+  dsv4::v1::GenerateResponse chunk;
+  std::optional<absl::Time> last;
+  bool fired = false;
+  *stall = absl::ZeroDuration();
+  while (reader->Read(&chunk)) {
+    const absl::Time now = absl::Now();
+    if (last.has_value()) *stall = std::max(*stall, now - *last);
+    if (fired) last = now;
+    r.tokens.insert(r.tokens.end(), chunk.token_ids().begin(), chunk.token_ids().end());
+    if (chunk.finish_reason() != dsv4::v1::FINISH_REASON_UNSPECIFIED) ++r.finish_chunks;
+    r.last = chunk;
+    if (!fired && static_cast<int>(r.tokens.size()) >= after) {
+      fired = true;
+      hook();
+      last = absl::Now();
+    }
+  }
+  r.status = reader->Finish();
+  return r;
+}
+
+// A group that freezes mid-stream (streams and GetLoad stall, as under SIGSTOP) misses its health deadline: the
+// request moves to the other group with no gap and no duplicate, the frozen group is not ready, and once it
+// thaws it is ready again and ends the abandoned request as cancelled instead of finishing it a second time.
+TEST_F(CoordinatorTest, HungGroupFailsOverAtTheHealthDeadlineAndRejoins) {
+  StartWorkers({{.step = absl::Milliseconds(3)}, {.step = absl::Milliseconds(3)}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);  // the first attempt goes to group 0
+  workers_[1]->SetLoad(busy);
+  options_.poll_timeout = absl::Milliseconds(300);
+  options_.stream_idle_timeout = absl::ZeroDuration();  // only the health deadline here
+  StartCoordinator();
+  WaitPolls();
+  absl::Duration stall;
+  const StreamResult r =
+      RunWithHook(*stub_, MakeRequest({31, 32, 33}, 60), 5, [&] { workers_[0]->Freeze(); }, &stall);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration({31, 32, 33}, 60, false, 0, 1000));
+  EXPECT_EQ(r.finish_chunks, 1);
+  // Poll period 20 ms + at most two 300 ms deadlines (a poll already in flight at the freeze may not count).
+  EXPECT_LT(stall, absl::Seconds(3)) << "hung stream stalled for " << absl::FormatDuration(stall);
+  std::printf("[ measure ] hung group (health deadline 300 ms, poll 20 ms): longest gap between chunks %.0f ms\n",
+              absl::ToDoubleMilliseconds(stall));
+  const auto frozen = server_->pool().Snapshot();
+  ASSERT_NE(Group(frozen, 0), nullptr);
+  EXPECT_FALSE(Group(frozen, 0)->ready);
+  EXPECT_THAT(Group(frozen, 0)->why_not_ready, HasSubstr("GetLoad"));
+  ASSERT_EQ(workers_[1]->requests().size(), 1u);
+  EXPECT_GE(workers_[1]->requests()[0].resume_generated(), 5);
+
+  workers_[0]->Thaw();
+  EXPECT_TRUE(server_->pool().WaitForReady(2, absl::Seconds(5)));
+  for (int i = 0; i < 200 && workers_[0]->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(workers_[0]->cancelled(), 1);  // the abandoned stream ends cancelled on the thawed group
+  EXPECT_EQ(workers_[0]->completed(), 0);  // and is not served a second time
+  EXPECT_EQ(workers_[1]->completed(), 1);
+}
+
+// An engine that hangs behind RPC threads that still answer GetLoad: the stream inactivity deadline moves the
+// request; the group is marked down until a later poll answers.
+TEST_F(CoordinatorTest, FrozenStreamFailsOverAtTheInactivityDeadline) {
+  StartWorkers({{.step = absl::Milliseconds(3)}, {.step = absl::Milliseconds(3)}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[1]->SetLoad(busy);
+  options_.stream_idle_timeout = absl::Milliseconds(300);
+  StartCoordinator();
+  WaitPolls();
+  absl::Duration stall;
+  const StreamResult r = RunWithHook(
+      *stub_, MakeRequest({41, 42}, 40, 0.7f), 4, [&] { workers_[0]->Freeze(/*streams_only=*/true); }, &stall);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration({41, 42}, 40, true, r.last.usage().seed(), 1000));
+  EXPECT_GE(stall, absl::Milliseconds(250));  // not before the deadline
+  EXPECT_LT(stall, absl::Seconds(3)) << absl::FormatDuration(stall);
+  std::printf("[ measure ] frozen stream (inactivity deadline 300 ms): longest gap between chunks %.0f ms\n",
+              absl::ToDoubleMilliseconds(stall));
+  workers_[0]->Thaw();
+  for (int i = 0; i < 200 && workers_[0]->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(workers_[0]->cancelled(), 1);
+  EXPECT_EQ(workers_[0]->completed(), 0);
+}
+
+// Issue 16 #5: dsv4_prompt_tokens_total counts a request's prompt once a group has prefilled it (first token);
+// a failover's second prefill (prompt + resumed tokens) goes to dsv4_coordinator_failover_prompt_tokens_total,
+// so the coordinator's two counters add up to what the worker groups count. Rejected requests count nothing.
+TEST_F(CoordinatorTest, PromptTokensCountEachPrefillOnce) {
+  StartWorkers({{.die_after_tokens = 5}, {}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[1]->SetLoad(busy);
+  options_.metrics_listen = "127.0.0.1:0";
+  StartCoordinator();
+  WaitPolls();
+  EXPECT_EQ(RunGenerate(*stub_, MakeRequest({1, 5000}, 4)).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  const StreamResult r = RunGenerate(*stub_, MakeRequest({11, 12, 13}, 16));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  ASSERT_EQ(workers_[1]->requests().size(), 1u);
+  const int resumed = workers_[1]->requests()[0].resume_generated();
+  ASSERT_GE(resumed, 1);
+  const std::string scrape = Scrape();
+  EXPECT_EQ(MetricValue(scrape, "dsv4_prompt_tokens_total{"), 3) << scrape;
+  EXPECT_EQ(MetricValue(scrape, "dsv4_coordinator_failover_prompt_tokens_total{"), 3 + resumed);
+  EXPECT_EQ(MetricValue(scrape, "dsv4_generation_tokens_total{"), 16);
+  EXPECT_EQ(MetricValue(scrape, "dsv4_coordinator_failovers_total{"), 1);
+}
+
+// A stream the watchdog tests script: group, last activity, first message, end.
+class ScriptedStream final : public coordinator::WatchedStream {
+ public:
+  ScriptedStream(std::string group, absl::Duration silent, bool received, bool ended = false)
+      : group_(std::move(group)), last_(absl::Now() - silent), received_(received), ended_(ended) {}
+  const std::string& group_address() const override { return group_; }
+  absl::Time last_activity() const override { return last_; }
+  bool received_any() const override { return received_; }
+  bool ended() const override { return ended_; }
+  void Abandon(const std::string& why) override {
+    absl::MutexLock lock(&mu_);
+    why_ = why;
+  }
+  std::string why() {
+    absl::MutexLock lock(&mu_);
+    return why_;
+  }
+
+ private:
+  const std::string group_;
+  const absl::Time last_;
+  const bool received_, ended_;
+  absl::Mutex mu_;
+  std::string why_;
+};
+
+TEST(StreamWatchdogTest, HealthDeadlineAbandonsOnlyTheGroupsSilentStreams) {
+  coordinator::StreamWatchdog w(absl::ZeroDuration());
+  auto quiet = std::make_shared<ScriptedStream>("a", absl::Seconds(2), true);
+  auto queued = std::make_shared<ScriptedStream>("a", absl::Seconds(2), false);  // no token yet: silent too
+  auto busy = std::make_shared<ScriptedStream>("a", absl::ZeroDuration(), true);
+  auto other = std::make_shared<ScriptedStream>("b", absl::Seconds(2), true);
+  auto done = std::make_shared<ScriptedStream>("a", absl::Seconds(2), true, /*ended=*/true);
+  for (const auto& s : {quiet, queued, busy, other, done}) w.Watch(s);
+  EXPECT_EQ(w.AbandonSilent("a", absl::Seconds(1), "no GetLoad answer"), 2);
+  EXPECT_EQ(quiet->why(), "no GetLoad answer");
+  EXPECT_EQ(queued->why(), "no GetLoad answer");
+  EXPECT_EQ(busy->why(), "");
+  EXPECT_EQ(other->why(), "");
+  EXPECT_EQ(done->why(), "");
+  EXPECT_EQ(w.watched(), 4);  // the ended stream was dropped
+}
+
+TEST(StreamWatchdogTest, InactivityDeadlineWaitsForTheFirstMessage) {
+  coordinator::StreamWatchdog w(absl::Milliseconds(50));
+  auto waiting = std::make_shared<ScriptedStream>("a", absl::Seconds(1), /*received=*/false);
+  auto stalled = std::make_shared<ScriptedStream>("a", absl::Seconds(1), /*received=*/true);
+  w.Watch(waiting);
+  w.Watch(stalled);
+  for (int i = 0; i < 200 && stalled->why().empty(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_THAT(stalled->why(), HasSubstr("stream inactivity deadline --stream-idle-timeout-ms 50"));
+  EXPECT_EQ(waiting->why(), "");  // queued or prefilling: only the health deadline applies
+}
+
+TEST(StreamWatchdogTest, EndedStreamsArePrunedWithoutTheScanThread) {
+  coordinator::StreamWatchdog w(absl::ZeroDuration());  // no scan thread: Watch itself must prune
+  auto live = std::make_shared<ScriptedStream>("a", absl::ZeroDuration(), true);
+  w.Watch(live);
+  for (int i = 0; i < 10000; ++i) w.Watch(std::make_shared<ScriptedStream>("a", absl::ZeroDuration(), true));
+  EXPECT_LT(w.watched(), 200);
 }
 
 TEST(WorkerListTest, ParsesAndRejects) {

@@ -58,8 +58,9 @@ class FakeWorker::Service final : public dsv4::v1::Worker::Service {
     return status;
   }
 
-  grpc::Status GetLoad(grpc::ServerContext*, const dsv4::v1::GetLoadRequest*,
+  grpc::Status GetLoad(grpc::ServerContext* ctx, const dsv4::v1::GetLoadRequest*,
                        dsv4::v1::GetLoadResponse* resp) override {
+    while (w_->load_frozen_.load() && !ctx->IsCancelled()) absl::SleepFor(absl::Milliseconds(1));
     absl::MutexLock lock(&w_->mu_);
     *resp = w_->extra_load_;
     resp->set_running(resp->running() + w_->active_.load());
@@ -91,6 +92,7 @@ class FakeWorker::Service final : public dsv4::v1::Worker::Service {
     std::vector<int32_t> seq(req.prompt_token_ids().begin(), req.prompt_token_ids().end());
     int produced = req.resume_generated();  // resumed tokens count against max_new_tokens
     while (produced < s.max_new_tokens()) {
+      while (w_->streams_frozen_.load() && !w_->killed_.load()) absl::SleepFor(absl::Milliseconds(1));
       if (ctx->IsCancelled()) {
         w_->cancelled_++;
         return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
@@ -136,6 +138,7 @@ FakeWorker::FakeWorker(FakeWorkerOptions options) : options_(options), service_(
 }
 
 FakeWorker::~FakeWorker() {
+  Thaw();  // frozen handlers would hold up the shutdown
   if (killer_.joinable()) killer_.join();
   server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
@@ -151,6 +154,16 @@ void FakeWorker::SetLoad(const dsv4::v1::GetLoadResponse& extra) {
   const bool draining = extra_load_.draining();
   extra_load_ = extra;
   extra_load_.set_draining(draining || extra.draining());
+}
+
+void FakeWorker::Freeze(bool streams_only) {
+  streams_frozen_ = true;
+  load_frozen_ = !streams_only;
+}
+
+void FakeWorker::Thaw() {
+  streams_frozen_ = false;
+  load_frozen_ = false;
 }
 
 void FakeWorker::SetDraining(bool draining) {

@@ -2,7 +2,10 @@
 // leader without the model. It streams deterministic tokens (FakeNextToken: a hash of the whole sequence so
 // far and, for sampled requests, the seed, so a failover that lost, duplicated or reordered a token, or
 // changed the seed, produces a different continuation), honours cancellation, reports a scriptable load,
-// and can die mid-stream the way a killed process does (its server shuts down, cutting every stream).
+// can die mid-stream the way a killed process does (its server shuts down, cutting every stream), and can
+// freeze the way a SIGSTOPped process does (streams and GetLoad stall until Thaw; a cancel that arrived while
+// frozen is seen on thaw, like a resumed process reading the RST_STREAM) or only its streams (an engine hung
+// behind RPC threads that still answer GetLoad).
 //
 // Threads: the synchronous gRPC server runs each stream on its own thread (fine for a test double);
 // counters are atomics or mutex-guarded; Kill() may be called from any thread except a handler.
@@ -51,6 +54,10 @@ class FakeWorker {
   void SetLoad(const dsv4::v1::GetLoadResponse& extra);
   void SetDraining(bool draining);
 
+  // Freeze: no stream produces a token and, unless streams_only, GetLoad does not answer, until Thaw.
+  void Freeze(bool streams_only = false);
+  void Thaw();
+
   int generate_calls() const { return generate_calls_.load(); }
   int active() const { return active_.load(); }
   int cancelled() const { return cancelled_.load(); }
@@ -65,6 +72,7 @@ class FakeWorker {
   std::string address_;
   std::atomic<int> generate_calls_{0}, active_{0}, cancelled_{0}, completed_{0}, streamed_{0};
   std::atomic<bool> killed_{false};
+  std::atomic<bool> streams_frozen_{false}, load_frozen_{false};
   mutable absl::Mutex mu_;
   dsv4::v1::GetLoadResponse extra_load_ ABSL_GUARDED_BY(mu_);
   std::vector<dsv4::v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);

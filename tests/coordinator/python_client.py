@@ -10,8 +10,12 @@ grpc_python_plugin into a temporary directory, then checks against a running coo
     and repeats exactly; a seeded sampled request repeats exactly;
   - a token id outside the vocabulary is INVALID_ARGUMENT naming prompt_token_ids.
 Optionally (--expect-tokens) the greedy ids must equal a given list (e.g. the C++ client's).
+With --tls-ca the channel is TLS; with --token-file every call carries "authorization: Bearer <token>" (gRPC's
+access-token call credentials) and a call without it must be UNAUTHENTICATED (docs/security.md).
 
   /usr/bin/python3 tests/coordinator/python_client.py --target 127.0.0.1:50051 --source-dir .
+  /usr/bin/python3 tests/coordinator/python_client.py --target HOST:PORT --source-dir . --tls-ca ca.crt \
+      --token-file tokens [--tls-server-name NAME]
 Exit status 0 = every check passed; failures print what differed.
 """
 import argparse
@@ -33,6 +37,21 @@ def build_stubs(source_dir, out_dir):
          "--plugin=protoc-gen-grpc_python=/usr/bin/grpc_python_plugin", *[p for _, p in protos]],
         check=True)
     sys.path.insert(0, out_dir)
+
+
+def open_channel(grpc, args, with_token=True):
+    if not args.tls_ca:
+        if args.token_file:
+            sys.exit("--token-file needs --tls-ca (gRPC sends call credentials only over TLS)")
+        return grpc.insecure_channel(args.target)
+    with open(args.tls_ca, "rb") as f:
+        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+    if args.token_file and with_token:
+        with open(args.token_file) as f:
+            token = next(l.strip() for l in f if l.strip() and not l.startswith("#"))
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    options = [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+    return grpc.secure_channel(args.target, creds, options=options)
 
 
 def check(cond, what):
@@ -59,6 +78,9 @@ def main():
     ap.add_argument("--source-dir", required=True)
     ap.add_argument("--max-new-tokens", type=int, default=12)
     ap.add_argument("--expect-tokens", default="", help="space-separated greedy ids for prompt 1 2 3 4 5")
+    ap.add_argument("--tls-ca", default="", help="PEM CA of the coordinator's certificate: use TLS")
+    ap.add_argument("--tls-server-name", default="", help="name the certificate carries, if not the target host")
+    ap.add_argument("--token-file", default="", help="first line = the bearer token (needs --tls-ca)")
     args = ap.parse_args()
 
     with tempfile.TemporaryDirectory() as out:
@@ -67,7 +89,7 @@ def main():
         from dsv4.v1 import coordinator_pb2, coordinator_pb2_grpc, generate_pb2
         from std_grpc import health_pb2, health_pb2_grpc, reflection_pb2, reflection_pb2_grpc
 
-        channel = grpc.insecure_channel(args.target)
+        channel = open_channel(grpc, args)
         grpc.channel_ready_future(channel).result(timeout=30)
 
         health = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=10)
@@ -80,6 +102,17 @@ def main():
         check({"dsv4.v1.Coordinator", "grpc.health.v1.Health"} <= services, f"reflection lists {sorted(services)}")
 
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        if args.token_file:
+            bare = coordinator_pb2_grpc.CoordinatorStub(open_channel(grpc, args, with_token=False))
+            for name, call in (("GetModelInfo", lambda: bare.GetModelInfo(coordinator_pb2.GetModelInfoRequest(),
+                                                                           timeout=10)),
+                               ("Generate", lambda: generate(bare, generate_pb2, [1, 2], 2))):
+                try:
+                    call()
+                    check(False, f"{name} without a token is refused")
+                except grpc.RpcError as e:
+                    check(e.code() == grpc.StatusCode.UNAUTHENTICATED,
+                          f"{name} without a token: {e.code().name}: {e.details()}")
         info = stub.GetModelInfo(coordinator_pb2.GetModelInfoRequest(), timeout=10)
         check(info.vocab_size > 0 and info.ready_groups >= 1,
               f"GetModelInfo: vocab {info.vocab_size}, {info.ready_groups}/{info.total_groups} groups ready")

@@ -5,6 +5,7 @@
 // GEMM inputs) matches the CPU exact mode within 1e-2 of max|logit|; the same production checks hold on a
 // checkpoint written with MXFP4 experts (against the CPU, there are no goldens for it). Label gpu: skips without
 // a usable GPU.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -98,17 +99,42 @@ TEST(CudaModelGpuTest, ProductionMatchesGoldensAsWellAsTheCpu) {
   }
 }
 
+// Exact mode (fp32 KV rows, no indexer simulation) differs from the CPU only by the bf16 rounding of GEMM inputs.
+// Sharp while no top-k choice is involved: up to position 4 * Ksel - 1 the indexer selects every compressed row, so
+// those rows must match to 1e-2 of max|logit| (H200, 2026-12-01: 3.7e-3). Later, a near tie in the indexer's
+// scores may pick another row (that position's logits then move by up to ~0.1), so there the test bounds the
+// median (measured 2.6e-3), the 99th percentile (5.7-6.0e-3) and the argmax agreement (99.1-99.7%).
 TEST(CudaModelGpuTest, ExactModeMatchesCpuExact) {
   REQUIRE_GPU();
   auto gpu = Load(TinyCheckpoint(), NumericMode::kExact, Cuda());
   Dsv4Model& cpu = TinyModel(NumericMode::kExact);
   ASSERT_NE(gpu, nullptr);
   const int64_t V = cpu.config().vocab_size;
+  const int64_t sharp_rows = 4 * cpu.config().index_topk - 1;
   const std::vector<int32_t> tokens = RandomTokens(330, 11, static_cast<int>(V));
   for (int chunk : {1, 64}) {
-    const auto [agree, rel] = AgreeAndRel(Force(*gpu, tokens, chunk), Force(cpu, tokens, chunk), V);
-    std::printf("exact, chunk %d: GPU vs CPU argmax %.2f%%, max |err| / max|logit| %.3e\n", chunk, 100 * agree, rel);
-    EXPECT_LE(rel, 1e-2);
+    const std::vector<float> lg = Force(*gpu, tokens, chunk), lc = Force(cpu, tokens, chunk);
+    std::vector<double> rel(tokens.size());
+    int64_t agree = 0, worst = 0;
+    for (size_t r = 0; r < tokens.size(); ++r) {
+      const std::vector<float> a(lg.begin() + r * V, lg.begin() + (r + 1) * V), b(lc.begin() + r * V, lc.begin() + (r + 1) * V);
+      const auto [same, e] = AgreeAndRel(a, b, V);
+      rel[r] = e;
+      agree += same == 1.0;
+      if (rel[r] > rel[worst]) worst = static_cast<int64_t>(r);
+    }
+    const double sharp = *std::max_element(rel.begin(), rel.begin() + sharp_rows);
+    std::vector<double> sorted = rel;
+    std::sort(sorted.begin(), sorted.end());
+    const double median = sorted[sorted.size() / 2], p99 = sorted[sorted.size() * 99 / 100];
+    const double agreement = static_cast<double>(agree) / static_cast<double>(tokens.size());
+    std::printf("exact, chunk %d: rows < %lld max rel %.3e | all rows: median %.3e, p99 %.3e, worst %.3e at row %lld, "
+                "argmax %.2f%%\n", chunk, static_cast<long long>(sharp_rows), sharp, median, p99, rel[worst],
+                static_cast<long long>(worst), 100 * agreement);
+    EXPECT_LE(sharp, 1e-2) << "chunk " << chunk;
+    EXPECT_LE(median, 5e-3) << "chunk " << chunk;
+    EXPECT_LE(p99, 1e-2) << "chunk " << chunk;
+    EXPECT_GE(agreement, 0.98) << "chunk " << chunk;
   }
 }
 

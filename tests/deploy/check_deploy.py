@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Checks of deploy/: promtool validates the scrape configs and the alert rules (and runs their unit tests), the
-Kubernetes manifests parse and carry the fields a GPU serving deployment needs, the Dockerfile is multi-stage with
-a slim runtime, and the Grafana dashboard is the generator's output and charts every required series.
+Kubernetes manifests parse and carry the fields a GPU serving deployment needs, the Secrets they mount are the ones
+deploy/k8s/make-dev-secrets.sh makes (every file a flag names exists, the certificates verify for the names and
+purposes the flags expect), the Dockerfile is multi-stage with a slim runtime, and the Grafana dashboard is the
+generator's output and charts every required series.
 Run: python3 tests/deploy/check_deploy.py  (ctest -R deploy_checks)."""
+import base64
 import json
 import os
 import re
@@ -82,8 +85,13 @@ class ManifestTest(unittest.TestCase):
     def check_pod(self, pod, grpc_port, metrics_port, drain_at_least, gpu):
         c = pod["spec"]["containers"][0]
         args = c.get("command", []) + c.get("args", [])
+        # The kubelet's gRPC probe cannot speak TLS: a TLS port is probed on the plaintext health-only port.
+        health = flag(args, "health-listen")
+        if flag(args, "tls-cert"):
+            self.assertIsNotNone(health, "a TLS gRPC port needs --health-listen for the probes")
+        probe_port = int(health.rsplit(":", 1)[1]) if health else grpc_port
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-            self.assertEqual(c[probe]["grpc"]["port"], grpc_port, probe)
+            self.assertEqual(c[probe]["grpc"]["port"], probe_port, probe)
         pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
         sleep_s = float(pre_stop[-1]) if "sleep" in pre_stop[0] else 0
         drain_s = float(flag(args, "drain-timeout"))
@@ -93,7 +101,10 @@ class ManifestTest(unittest.TestCase):
         self.assertTrue(flag(args, "metrics-listen").endswith(":%d" % metrics_port))
         self.assertTrue(flag(args, "listen").endswith(":%d" % grpc_port))
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-        self.assertEqual(ports, {"grpc": grpc_port, "metrics": metrics_port})
+        want_ports = {"grpc": grpc_port, "metrics": metrics_port}
+        if health:
+            want_ports["health"] = probe_port
+        self.assertEqual(ports, want_ports)
         ann = pod["metadata"]["annotations"]
         self.assertEqual(ann["prometheus.io/scrape"], "true")
         self.assertEqual(int(ann["prometheus.io/port"]), metrics_port)
@@ -146,6 +157,104 @@ class ManifestTest(unittest.TestCase):
         for name in ("coordinator.yaml", "worker-groups.yaml"):
             for d in load_all(name):
                 self.assertEqual(d["metadata"]["namespace"], "dsv4", d["metadata"]["name"])
+
+
+def pods():
+    """(name, pod template, container args) of the coordinator Deployment and every worker StatefulSet."""
+    out = []
+    for name in ("coordinator.yaml", "worker-groups.yaml"):
+        for d in load_all(name):
+            if d["kind"] in ("Deployment", "StatefulSet"):
+                pod = d["spec"]["template"]
+                c = pod["spec"]["containers"][0]
+                out.append((d["metadata"]["name"], pod, c.get("command", []) + c.get("args", [])))
+    return out
+
+
+class SecretWiringTest(unittest.TestCase):
+    """The Secrets the pods mount, as deploy/k8s/make-dev-secrets.sh makes them (docs/security.md)."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp()
+        r = subprocess.run(["bash", os.path.join(DEPLOY, "k8s", "make-dev-secrets.sh"), os.path.join(cls.tmp, "pki")],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError("make-dev-secrets.sh failed: " + r.stderr)
+        cls.secrets = {d["metadata"]["name"]: d for d in yaml.safe_load_all(r.stdout) if d}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def secret_file(self, secret, key):
+        """Writes one key of a Secret to a file (as the pod would see it) and returns its path."""
+        path = os.path.join(self.tmp, f"{secret}.{key}")
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(self.secrets[secret]["data"][key]))
+        return path
+
+    def test_every_file_a_flag_names_is_in_a_mounted_secret(self):
+        with open(os.path.join(DEPLOY, "Dockerfile")) as f:
+            uid = int(re.search(r"useradd .*--uid (\d+)", f.read()).group(1))
+        for name, pod, args in pods():
+            c = pod["spec"]["containers"][0]
+            vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+            mounts = {m["mountPath"]: vols[m["name"]]["secret"] for m in c["volumeMounts"] if "secret" in vols[m["name"]]}
+            self.assertTrue(mounts, name)
+            for m in c["volumeMounts"]:
+                if "secret" in vols[m["name"]]:
+                    self.assertTrue(m.get("readOnly"), f"{name}: secret mount {m['mountPath']} must be readOnly")
+            for secret in mounts.values():
+                self.assertIn(secret["secretName"], self.secrets, f"{name}: make-dev-secrets.sh does not make it")
+                mode = secret["defaultMode"]
+                self.assertEqual(mode & 0o007, 0, f"{name}: {secret['secretName']} must not be world-readable")
+                self.assertTrue(mode & 0o040, f"{name}: {secret['secretName']} must be readable by fsGroup")
+            # The image runs as an unprivileged user: it reads the root-owned files through fsGroup.
+            self.assertEqual(pod["spec"]["securityContext"]["fsGroup"], uid, name)
+            named = re.findall(r"--([\w-]+)=(/etc/dsv4/\S+)", " ".join(args))
+            self.assertGreaterEqual(len(named), 4, name)
+            for flag_name, path in named:
+                mount = os.path.dirname(path)
+                self.assertIn(mount, mounts, f"{name}: --{flag_name}={path} is not under a mounted Secret")
+                self.assertIn(os.path.basename(path), self.secrets[mounts[mount]["secretName"]]["data"],
+                              f"{name}: --{flag_name}={path}: no such key in {mounts[mount]['secretName']}")
+
+    def test_tls_and_tokens_are_on_everywhere(self):
+        for name, _, args in pods():
+            want = (["tls-cert", "tls-key", "auth-token-file", "worker-tls-ca", "worker-tls-cert", "worker-tls-key",
+                     "health-listen"] if name == "dsv4-coordinator" else
+                    ["tls-cert", "tls-key", "tls-client-ca", "leader-tls-ca", "health-listen"])
+            for f in want:
+                self.assertIsNotNone(flag(args, f), f"{name}: --{f}")
+
+    def test_certificates_verify_for_the_names_and_purposes_the_flags_expect(self):
+        args = {name: a for name, _, a in pods()}
+        coord = args.pop("dsv4-coordinator")
+        worker_name = flag(coord, "worker-tls-server-name")
+        self.assertTrue(worker_name)
+        for name, a in args.items():
+            self.assertEqual(flag(a, "leader-tls-server-name"), worker_name, name)
+
+        def verify(ca, cert, purpose, host=None):
+            cmd = ["openssl", "verify", "-CAfile", ca, "-purpose", purpose] + (["-verify_hostname", host] if host else [])
+            r = subprocess.run(cmd + [cert], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, f"{' '.join(cmd)} {cert}: {r.stdout}{r.stderr}")
+
+        worker_ca = self.secret_file("dsv4-worker-tls", "ca.crt")         # workers' --tls-client-ca
+        worker_cert = self.secret_file("dsv4-worker-tls", "tls.crt")
+        coord_ca = self.secret_file("dsv4-coordinator-tls", "ca.crt")     # coordinator's --worker-tls-ca
+        verify(coord_ca, worker_cert, "sslserver", worker_name)            # coordinator -> worker
+        verify(worker_ca, worker_cert, "sslserver", worker_name)           # follower -> leader
+        verify(worker_ca, worker_cert, "sslclient")                        # a follower's client certificate
+        verify(worker_ca, self.secret_file("dsv4-coordinator-tls", "tls.crt"), "sslclient")
+        svc = next(d for d in load_all("coordinator.yaml") if d["kind"] == "Service")
+        api_host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc"  # what in-cluster clients dial
+        verify(self.secret_file("dsv4-api-tls", "ca.crt"), self.secret_file("dsv4-api-tls", "tls.crt"), "sslserver",
+               api_host)
+        with open(self.secret_file("dsv4-api-tokens", "tokens")) as f:
+            tokens = [t.strip() for t in f if t.strip() and not t.startswith("#")]
+        self.assertTrue(tokens and all(len(t) >= 16 for t in tokens))
 
 
 class DockerfileTest(unittest.TestCase):

@@ -47,7 +47,10 @@ struct Layer {
                      igate = Rand(T * 2 * ID, rng), k128 = Rand(T * Dh, rng), g128 = Rand(T * Dh, rng),
                      iq = std::vector<float>(T * IH * ID), iw = Rand(T * IH, rng), o = std::vector<float>(T * H * Dh),
                      o2 = std::vector<float>(T * H * Dh), z = std::vector<float>(T * 2 * 16), y = std::vector<float>(T * D),
-                     h = std::vector<float>(2 * D);
+                     h = std::vector<float>(2 * D), logits = Rand(2 * V, rng);
+  std::vector<SampleParams> sampling = {{.temperature = 0.8f, .top_k = 10, .top_p = 0.9f, .seed = 1},
+                                        {.temperature = 1.0f, .min_p = 0.1f, .seed = 2}};
+  std::vector<int32_t> sampled = std::vector<int32_t>(2);
 
   Layer() {
     for (int i = 0; i < 32; ++i) inv_freq.push_back(std::pow(10000.f, -i / 32.f));
@@ -143,6 +146,7 @@ struct Layer {
              .y = y.data(), .t = t, .topk = Ek});
     ops.HcHead({.x = x2.data(), .rows = rows.data(), .fn = fn.data(), .base = base.data(), .scale = scale.data(),
                 .h = h.data(), .r = 2, .s = S, .d = D});
+    ops.Sample({.logits = logits.data(), .params = sampling.data(), .tokens = sampled.data(), .r = 2, .v = V});
   }
 };
 

@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -171,6 +172,38 @@ TEST(MetricsServerTest, RejectsBadAddressesWithClearErrors) {
   auto taken = MetricsServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()));
   ASSERT_FALSE(taken.ok());
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable) << taken.status();
+  EXPECT_NE(taken.status().message().find(absl::StrCat("cannot listen on port ", (*first)->port())),
+            std::string::npos)
+      << taken.status();
+}
+
+// Issue 16 #6: the coordinator runs no engine, so its exposition has no engine series left at 0; feeding them
+// there is a no-op.
+TEST(ServingMetricsTest, CoordinatorSetLeavesOutTheEngineSeries) {
+  const std::vector<std::string> engine = {
+      "dsv4_decode_batch_size",         "dsv4_decode_gpu_seconds_total",
+      "dsv4_attention_time_share",      "dsv4_startup_weight_load_seconds",
+      "dsv4_startup_weight_load_bytes", "dsv4_startup_weight_load_bytes_per_second",
+      "dsv4_startup_graph_capture_seconds", "dsv4_startup_total_seconds"};
+  for (SeriesSet set : {SeriesSet::kWorker, SeriesSet::kCoordinator}) {
+    prometheus::Registry registry;
+    ServingMetrics m(registry, {.role = set == SeriesSet::kWorker ? "worker" : "coordinator"}, set);
+    m.ObserveBatchSize(4);
+    m.AddPhaseSeconds(Phase::kAttention, 0.5);
+    m.SetStartup(1, 2, 3, 4);
+    m.AddPromptTokens(3);
+    std::vector<std::string> names;
+    for (const prometheus::MetricFamily& f : registry.Collect()) names.push_back(f.name);
+    for (const std::string& name : engine) {
+      const bool present = std::find(names.begin(), names.end(), name) != names.end();
+      EXPECT_EQ(present, set == SeriesSet::kWorker) << name;
+    }
+    for (const char* shared : {"dsv4_prompt_tokens_total", "dsv4_generation_tokens_total",
+                               "dsv4_request_finished_total", "dsv4_time_to_first_token_seconds", "dsv4_build_info"}) {
+      EXPECT_NE(std::find(names.begin(), names.end(), shared), names.end()) << shared;
+    }
+    EXPECT_EQ(m.attention_time_share(), set == SeriesSet::kWorker ? 1.0 : 0.0);
+  }
 }
 
 TEST(BucketsTest, CoverServingRangesInIncreasingOrder) {

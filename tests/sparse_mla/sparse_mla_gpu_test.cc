@@ -158,8 +158,20 @@ void PrintTo(const GpuCase& c, std::ostream* os) { *os << c.spec.Name(); }
 
 class GpuSparseMla : public ::testing::TestWithParam<GpuCase> {};
 
+// Whether the sm_90a wgmma kernel can run here (an sm_90a build on a compute capability 9.0 GPU).
+bool WgmmaRuns() {
+  int device = 0, major = 0, minor = 0;
+  return internal::MmaWgmmaBuilt() && cudaGetDevice(&device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess && major == 9 &&
+         minor == 0;
+}
+
 TEST_P(GpuSparseMla, MatchesReference) {
   SKIP_WITHOUT_GPU();
+  if (GetParam().options.wgmma == 1 && !WgmmaRuns()) {
+    GTEST_SKIP() << "the wgmma kernel needs an sm_90a build (90a in CMAKE_CUDA_ARCHITECTURES) on an sm_90 GPU";
+  }
   const ProblemSpec& s = GetParam().spec;
   const HostProblem host = MakeProblem(s);
   std::vector<uint16_t> host_out(host.q.size());
@@ -174,8 +186,10 @@ TEST_P(GpuSparseMla, MatchesReference) {
     ASSERT_TRUE(run.ok()) << run.status();
     const ErrorReport vs_bf16 = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/true);
     const ErrorReport vs_exact = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/false);
-    std::printf("[%s] %s tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n  vs exact reference:       %s\n",
-                mma ? "mma " : "simt", s.Name().c_str(), run->plan.tile_rows, run->plan.num_splits,
+    std::printf("[%s] %s warps=%d wgmma=%d tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n"
+                "  vs exact reference:       %s\n",
+                mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps, run->plan.wgmma ? 1 : 0, run->plan.tile_rows,
+                run->plan.num_splits,
                 vs_bf16.ToString().c_str(), vs_exact.ToString().c_str());
     const double tol = mma ? 1e-2 : 1e-4;
     EXPECT_EQ(vs_bf16.nan_count, 0);
@@ -244,16 +258,61 @@ INSTANTIATE_TEST_SUITE_P(
               .empty_every = 5, .seed = 120},
              {.num_splits = 3, .m_tiles = 2}),
         Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .seed = 121}, {.m_tiles = 1}),
-        // More splits than the combine kernel's shared (max, sum) buffer holds, 90 of them empty.
+        // More splits than the combine kernel's shared (max, sum) buffer holds, 90 of them empty (8-warp
+        // kernel, 16-row tiles) and 110 of them empty (wide kernel).
         Case({.batch = 2, .heads = 16, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 130},
              {.tile_rows = 16, .num_splits = 130}),
+        Case({.batch = 2, .heads = 16, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 133},
+             {.num_splits = 130, .warps = 16}),
         // The split combine with programmatic dependent launch, after each main kernel.
         Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 6,
               .seed = 131},
              {.pdl = 1}),
         Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 448, .lengths = true, .extreme = true,
               .seed = 132},
-             {.pdl = 1})),
+             {.pdl = 1}),
+        // Fourth pass: batches that are not powers of two, top-k 200 (128 + 72) and 1000 (128 + 872), pages of
+        // 64 and 256 rows, batches whose rows are all invalid (every sequence empty).
+        Case({.batch = 48, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 140}),
+        Case({.batch = 96, .heads = 64, .topk_window = 128, .topk_extra = 512, .page_rows_window = 256,
+              .page_rows_extra = 64, .lengths = true, .seed = 141}),
+        Case({.batch = 96, .heads = 16, .topk_window = 128, .topk_extra = 72, .holes = 0.1, .extreme = true,
+              .seed = 142}),
+        Case({.batch = 3, .heads = 64, .topk_window = 128, .topk_extra = 872, .page_rows_window = 64,
+              .page_rows_extra = 256, .lengths = true, .seed = 143},
+             {.warps = 8}),
+        Case({.batch = 48, .heads = 128, .topk_window = 128, .topk_extra = 872, .page_rows_extra = 256,
+              .holes = 0.1, .empty_every = 4, .seed = 144}),
+        Case({.batch = 3, .heads = 64, .topk_window = 128, .topk_extra = 72, .page_rows_window = 256,
+              .page_rows_extra = 256, .holes = 0.1, .seed = 145}),
+        Case({.batch = 24, .heads = 32, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 1,
+              .seed = 146}),
+        Case({.batch = 5, .heads = 64, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 147},
+             {.tile_rows = 16, .warps = 8}),
+        Case({.batch = 40, .heads = 64, .topk_window = 64, .topk_extra = 136, .lengths = true, .holes = 0.1,
+              .seed = 148},
+             {.tile_rows = 16}),
+        // The sm_90a wgmma kernel forced (skipped where it cannot run), at shapes the plan would give the wide
+        // kernel too; and the mma.sync 8-warp kernel forced where the plan picks wgmma on sm_90a.
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 150},
+             {.wgmma = 1}),
+        Case({.batch = 3, .heads = 128, .topk_window = 128, .topk_extra = 872, .page_rows_extra = 256,
+              .lengths = true, .extreme = true, .seed = 151},
+             {.wgmma = 1}),
+        Case({.batch = 5, .heads = 64, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 152},
+             {.wgmma = 1}),
+        Case({.batch = 16, .heads = 64, .topk_window = 64, .topk_extra = 448, .page_rows_window = 256,
+              .page_rows_extra = 2, .holes = 0.1, .empty_every = 5, .extreme = true, .sink = false, .seed = 153},
+             {.num_splits = 3, .wgmma = 1}),
+        Case({.batch = 4, .heads = 64, .topk_window = 5, .topk_extra = 7, .page_rows_window = 1, .seed = 154},
+             {.wgmma = 1}),
+        Case({.batch = 128, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 155},
+             {.wgmma = -1}),
+        Case({.batch = 64, .heads = 128, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 156},
+             {.wgmma = -1}),
+        Case({.batch = 96, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 7,
+              .seed = 157},
+             {.wgmma = -1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
@@ -261,6 +320,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (info.param.options.warps) name += "_w" + std::to_string(info.param.options.warps);
       if (info.param.options.m_tiles) name += "_m" + std::to_string(info.param.options.m_tiles);
       if (info.param.options.pdl) name += "_pdl" + std::to_string(info.param.options.pdl);
+      if (info.param.options.wgmma) name += info.param.options.wgmma == 1 ? "_wgmma" : "_mmasync";
       return name;
     });
 
@@ -270,9 +330,13 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
   const HostProblem host = MakeProblem(s);
   DeviceProblem dev(host);
   ASSERT_TRUE(dev.ok());
-  for (const int pdl : {-1, 1}) {  // the combine without and with programmatic dependent launch
-    SCOPED_TRACE(pdl == 1 ? "pdl on" : "pdl off");
-    auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, {.pdl = pdl});
+  // The wide kernel's combine without and with programmatic dependent launch, and the 8-warp kernel's.
+  for (const SparseMlaPlanOptions options : {SparseMlaPlanOptions{.pdl = -1}, SparseMlaPlanOptions{.pdl = 1},
+                                             SparseMlaPlanOptions{.warps = 8}, SparseMlaPlanOptions{.wgmma = 1}}) {
+    SCOPED_TRACE(::testing::Message() << "pdl " << options.pdl << ", warps " << options.warps << ", wgmma "
+                                      << options.wgmma);
+    if (options.wgmma == 1 && !WgmmaRuns()) continue;
+    auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, options);
     ASSERT_TRUE(direct.ok()) << direct.status();
     ASSERT_GT(direct->plan.num_splits, 1) << "the graph should hold the split and combine kernels";
     cudaStream_t stream;
@@ -341,6 +405,10 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.m_tiles = 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.wgmma = 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.wgmma = 1}).status().code(),
+            absl::StatusCode::kOk);  // 16 heads: no 64-head block
 }
 
 // The kernels' dequantisation (DequantE4m3x4) against the host conversions of common/float_formats.h, bit

@@ -9,6 +9,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "metrics/serving_metrics.h"
+#include "prometheus/registry.h"
 #include "tests/worker/fake_executor.h"
 
 namespace dsv4::worker {
@@ -54,14 +56,15 @@ class CollectingSink : public RequestSink {
 
 struct Harness {
   explicit Harness(int64_t kv_pages, EngineOptions options = {.max_batch = 16, .max_waiting = 64,
-                                                            .prefill_chunk = 32, .max_context = 256}) {
+                                                            .prefill_chunk = 32, .max_context = 256},
+                   metrics::ServingMetrics* metrics = nullptr) {
     auto ex = std::make_unique<FakeExecutor>(spec);
     fake = ex.get();
     auto sizing = PlanKvSizing(*ex, {.page_rows = 4, .max_batch = options.max_batch,
                                      .max_context = options.max_context, .kv_pages = kv_pages});
     EXPECT_TRUE(sizing.ok()) << sizing.status();
     EXPECT_TRUE(ex->AllocateCache(sizing->pages, sizing->page_rows, sizing->max_slots).ok());
-    engine = std::make_unique<Engine>(std::move(ex), *sizing, options, nullptr);
+    engine = std::make_unique<Engine>(std::move(ex), *sizing, options, metrics);
     engine->Start();
   }
   int64_t PagesUsed() {
@@ -181,6 +184,43 @@ TEST(Engine, ResumeContinuesTheSameSequence) {
   EXPECT_EQ(sink->tokens(), std::vector<int32_t>(expected.begin() + 5, expected.end()));
   EXPECT_EQ(final.usage().completion_tokens(), 16);
   EXPECT_EQ(final.usage().prompt_tokens(), 12);
+}
+
+// The value of counter `name` in `registry` (-1 when absent).
+double CounterValue(prometheus::Registry& registry, const std::string& name) {
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name == name && !f.metric.empty()) return f.metric[0].counter.value;
+  }
+  return -1;
+}
+
+// Issue 16 #5: dsv4_prompt_tokens_total is the prompt this worker prefilled: a resumed request counts the
+// resumed tokens it was sent too; a request recomputed after preemption counts once.
+TEST(Engine, PromptTokensCountWhatThisWorkerPrefilled) {
+  prometheus::Registry registry;
+  metrics::ServingMetrics m(registry, {.role = "worker"});
+  Harness h(10, {.max_batch = 8, .max_waiting = 64, .prefill_chunk = 16, .max_context = 64}, &m);
+  std::mt19937 rng(std::random_device{}());
+  const auto full = MakeRequest(RandomPrompt(rng, 12), 16);
+  const auto expected = ReferenceGenerate(h.spec, AsReference(full));
+  auto resumed = full;  // 12 prompt tokens + 5 resumed = 17 tokens to prefill
+  for (int i = 0; i < 5; ++i) resumed.add_prompt_token_ids(expected[i]);
+  resumed.set_resume_generated(5);
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(h.engine->Submit(resumed, sink).ok());
+  EXPECT_EQ(sink->Wait().usage().prompt_tokens(), 12);  // Usage keeps the client's prompt
+  EXPECT_EQ(CounterValue(registry, "dsv4_prompt_tokens_total"), 17);
+  EXPECT_EQ(CounterValue(registry, "dsv4_generation_tokens_total"), 11);
+
+  std::vector<dsv4::v1::GenerateRequest> burst;
+  int burst_prompt = 0;
+  for (int i = 0; i < 12; ++i) {
+    burst.push_back(MakeRequest(RandomPrompt(rng, 10 + 2 * i), 30));
+    burst_prompt += 10 + 2 * i;
+  }
+  RunAndCheck(h, burst);
+  EXPECT_GT(h.engine->preemptions(), 0);
+  EXPECT_EQ(CounterValue(registry, "dsv4_prompt_tokens_total"), 17 + burst_prompt);
 }
 
 TEST(Engine, StopTokenAndEos) {

@@ -1,0 +1,385 @@
+// Tensor-core sparse-MLA decode for sm_90a (H100 / H200): the 8-warp kernel's pipeline with its two matrix
+// products on wgmma (fourth pass, docs/sparse-mla.md "sm_90a wgmma kernel"). Built only where the target list
+// holds 90a (DSV4_SPARSE_MLA_SM90A); the plan picks it on compute capability 9.0 in place of the mma.sync
+// 8-warp kernel for 64-head blocks, which stays the portable path (sm_120) and is tested beside it.
+//
+// One block = one sequence x 64 heads x one split, 256 threads = two warpgroups, 32-row tiles. What changes
+// against the mma.sync kernel:
+//   - Q lives in shared memory (bf16, 64 KB) instead of 64 registers per thread, and the dequantised K tile is
+//     stored in the "interleaved" (no-swizzle) wgmma layout: 8 rows x 8 dims (128 contiguous bytes) per core
+//     matrix. That one layout is K-major for S = Q K^T (rows = N) and N-major for O = P V (dims = N), so the
+//     same bf16 tile feeds both products with no transpose and no ldmatrix of K or V.
+//   - S = Q K^T: warpgroup w takes dims [256 w, 256 w + 256) for all 32 rows: 16 wgmma m64n32k16 with A and B
+//     from shared memory; the two partial score tiles are summed by the softmax (as the 8-warp kernel's
+//     dim groups).
+//   - O += P V: warpgroup w owns output dims [256 w, 256 w + 256): 2 wgmma m64n256k16 with P from registers
+//     (ldmatrix of the softmax's bf16 P, the m16n8k16 A fragment) and V from the K tile (N-major); they run
+//     asynchronously while the same threads dequantise the next tile.
+// Gather (cp.async, 3 stages), dequantisation (exact, as device.cuh), online softmax (lazy rescale), epilogue
+// and split combine are those of the 8-warp kernel.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/sparse_mla/sparse_mla_device.cuh"
+#include "kernels/sparse_mla/sparse_mla_kernels.h"
+
+namespace dsv4::kernels::sparse_mla {
+namespace {
+
+using namespace device;  // NOLINT(build/namespaces): kernel-local helpers
+
+constexpr int kThreads = 256;  // two warpgroups
+constexpr int kHeads = 64;
+constexpr int kRows = 32;      // KV rows per tile
+constexpr int kStages = 3;     // raw tiles in the cp.async ring
+constexpr int kDimGroups = 2;  // partial score tiles (one per warpgroup)
+// Shared memory: raw stages [rows x 576][rows x 8 scales][rows x int valid]; Q bf16 (interleaved); two K
+// tiles bf16 (interleaved); partial scores [2][64][rows + 4] f32; P [64][rows + 8] bf16; alpha and stats.
+constexpr int kRawData = kRows * kRowDataBytes;
+constexpr int kRawScales = kRows * kRowScaleBytes;
+constexpr int kRawStage = kRawData + kRawScales + kRows * 4;
+constexpr int kQBytes = kHeads * kKvDim * 2;
+constexpr int kKBytes = kRows * kKvDim * 2;
+constexpr int kSpartStride = kRows + 4;
+constexpr int kPStride = kRows + 8;
+constexpr int kOffQ = kStages * kRawStage;
+constexpr int kOffK = kOffQ + kQBytes;
+constexpr int kOffSpart = kOffK + 2 * kKBytes;
+constexpr int kOffP = kOffSpart + kDimGroups * kHeads * kSpartStride * 4;
+constexpr int kOffAlpha = kOffP + kHeads * kPStride * 2;
+constexpr int kOffStatM = kOffAlpha + kHeads * 4;
+constexpr int kOffStatL = kOffStatM + kHeads * 4;
+constexpr int kOffStatLq = kOffStatL + kHeads * 4;
+constexpr int kSmemBytes = kOffStatLq + kHeads * 4;
+static_assert(kRawStage % 16 == 0 && kOffQ % 128 == 0 && kOffK % 128 == 0 && kOffSpart % 16 == 0 &&
+                  kOffP % 16 == 0 && kOffAlpha % 16 == 0,
+              "alignment of shared regions");
+static_assert(kSmemBytes <= 227 * 1024, "fits sm_90's 227 KB per block");
+
+// Device-only parts: compiled for sm_90a alone (other targets get an empty kernel the plan never launches).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+constexpr int kDataChunks = kRowDataBytes / 16;
+constexpr float kRescaleSlack = 8.f;  // log2 units, as the 8-warp kernel
+constexpr int kThreadsPerHead = kThreads / kHeads;
+constexpr int kRowsPerThread = kRows / kThreadsPerHead;
+
+// Interleaved (no-swizzle) layout of an [R][512] bf16 matrix: the 16 bytes of row r, dims 8c .. 8c + 7 sit
+// at byte (c R + r) 16, so each core matrix (8 rows x 8 dims) is 128 contiguous bytes, rows 16 bytes apart.
+template <int kR>
+__device__ __forceinline__ int InterleavedChunk(int r, int c) {
+  return (c * kR + r) * 16;
+}
+
+// wgmma shared-memory matrix descriptor, no swizzle: start address, leading-dimension byte offset (K-major:
+// between core matrices adjacent in K; N-major: adjacent in K as well, i.e. the next 8 rows) and
+// stride-dimension byte offset (K-major: the next 8 rows of M / N; N-major: the next 8 columns of N).
+__device__ __forceinline__ uint64_t SmemDesc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((saddr & 0x3ffff) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
+         (static_cast<uint64_t>(sbo >> 4) << 32);
+}
+
+__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void WgmmaWaitAll() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Generic-proxy shared-memory writes (dequant stores, cp.async) made visible to the async proxy (wgmma).
+__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d += A B for m64n32k16 (bf16 in, f32 accumulate), A and B from shared memory (descriptors);
+// scale_d = 0 overwrites d. K-major A and B.
+__device__ __forceinline__ void WgmmaM64N32Ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+}
+
+// d += A B for m64n256k16 (bf16 in, f32 accumulate), A from registers (the mma.sync m16n8k16 A
+// fragment of the warp's 16 rows), B from shared memory, N-major (transposed).
+__device__ __forceinline__ void WgmmaM64N256RsT(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
+        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
+        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
+        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
+        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
+        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
+        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
+        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
+        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+#endif
+
+__global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaKernel(const SparseMlaParams p, float scale_log2) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, wg_warp = warp & 3;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int b = blockIdx.z, split = blockIdx.y, num_splits = gridDim.y;
+  const int H = p.num_heads, head0 = blockIdx.x * kHeads;
+  const BlockRange range = MakeRange<kRows>(p, b, split, num_splits);
+  const uint32_t smem_base = SmemAddr(smem);
+
+  // ---- Q: [64 heads][512] bf16 -> interleaved shared memory (cp.async; waited with tile 0) ----
+  {
+    const uint8_t* q_src = reinterpret_cast<const uint8_t*>(p.q + (static_cast<int64_t>(b) * H + head0) * kKvDim);
+    for (int c = tid; c < kHeads * (kKvDim / 8); c += kThreads) {
+      const int h = c / (kKvDim / 8), j = c % (kKvDim / 8);
+      CpAsync16(smem_base + kOffQ + InterleavedChunk<kHeads>(h, j), q_src + static_cast<int64_t>(c) * 16, true);
+    }
+  }
+
+  // ---- gather one raw tile (576 data + 8 scale bytes per row), as the 8-warp kernel ----
+  auto load_tile = [&](int tile, int stage) {
+    constexpr int kThreadsPerRow = kThreads / kRows;
+    const int row = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
+    const int pos = (range.tile_begin + tile) * kRows + row;
+    const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
+    RowAddress addr{dummy, dummy};
+    const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
+    uint8_t* st = smem + stage * kRawStage;
+    const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
+    for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
+      if (part < kDataChunks) {
+        CpAsync16(dst + part * 16, addr.data + (valid ? part * 16 : 0), valid);
+      } else {
+        CpAsync8(SmemAddr(st + kRawData + row * kRowScaleBytes), addr.scales, valid);
+      }
+    }
+    if (sub == 0) reinterpret_cast<int*>(st + kRawData + kRawScales)[row] = valid;
+  };
+
+  // ---- raw tile -> interleaved bf16 tile (invalid rows were zero-filled, so they give 0) ----
+  // One task per (row, 64-dim e4m3 tile); consecutive tasks are consecutive rows, whose 16-byte chunks are
+  // adjacent in the interleaved layout (conflict-free stores). Then the rope dims, 8 chunks per row.
+  auto dequant_tile = [&](int stage, int kbuf) {
+    const uint8_t* st = smem + stage * kRawStage;
+    uint8_t* kb = smem + kOffK + kbuf * kKBytes;
+    for (int task = tid; task < kRows * kNumTiles; task += kThreads) {
+      const int tile = task / kRows, row = task - tile * kRows;
+      const uint4* src = reinterpret_cast<const uint4*>(st + row * kRowDataBytes + tile * kTileDim);
+      const float scale = ScaleFromUe8m0(st[kRawData + row * kRowScaleBytes + tile]);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint4 v = src[j];
+        uint4 lo, hi;
+        DequantE4m3x4(v.x, scale, lo.x, lo.y);
+        DequantE4m3x4(v.y, scale, lo.z, lo.w);
+        DequantE4m3x4(v.z, scale, hi.x, hi.y);
+        DequantE4m3x4(v.w, scale, hi.z, hi.w);
+        *reinterpret_cast<uint4*>(kb + InterleavedChunk<kRows>(row, tile * 8 + 2 * j)) = lo;
+        *reinterpret_cast<uint4*>(kb + InterleavedChunk<kRows>(row, tile * 8 + 2 * j + 1)) = hi;
+      }
+    }
+    {  // rope dims 448..511: one 16-byte chunk per thread (32 rows x 8 chunks = 256)
+      const int row = tid & (kRows - 1), j = tid / kRows;
+      *reinterpret_cast<uint4*>(kb + InterleavedChunk<kRows>(row, kNopeDim / 8 + j)) =
+          reinterpret_cast<const uint4*>(st + row * kRowDataBytes + kNopeDim)[j];
+    }
+  };
+
+  // ---- S = Q K^T: warpgroup wg's partial scores over dims [256 wg, +256) -> shared memory ----
+  float* spart = reinterpret_cast<float*>(smem + kOffSpart);
+  auto qk_tile = [&](int kbuf) {
+    float acc[16] = {};
+    const uint32_t q_base = smem_base + kOffQ, k_base = smem_base + kOffK + kbuf * kKBytes;
+    WgmmaFence();
+#pragma unroll
+    for (int ks = 0; ks < 16; ++ks) {
+      const int c = 32 * wg + 2 * ks;  // first 8-dim chunk of this k-step
+      const uint64_t da = SmemDesc(q_base + InterleavedChunk<kHeads>(0, c), kHeads * 16, 128);
+      const uint64_t db = SmemDesc(k_base + InterleavedChunk<kRows>(0, c), kRows * 16, 128);
+      WgmmaM64N32Ss(acc, da, db, ks > 0);
+    }
+    WgmmaCommit();
+    WgmmaWaitAll();
+    float* sp = spart + (wg * kHeads + 16 * wg_warp + g) * kSpartStride + 2 * t4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      *reinterpret_cast<float2*>(sp + 8 * j) = make_float2(acc[4 * j], acc[4 * j + 1]);
+      *reinterpret_cast<float2*>(sp + 8 * kSpartStride + 8 * j) = make_float2(acc[4 * j + 2], acc[4 * j + 3]);
+    }
+  };
+
+  // ---- online softmax (base 2) of one head's rows over 4 consecutive lanes, as the 8-warp kernel ----
+  const int sm_head = tid / kThreadsPerHead, sm_sub = tid % kThreadsPerHead;
+  const int sm_row0 = sm_sub * kRowsPerThread;
+  float run_max = -INFINITY, run_sum = 0.f, run_sum_q = 0.f;
+  float* alpha_s = reinterpret_cast<float*>(smem + kOffAlpha);
+  auto softmax_tile = [&](int stage) {
+    const float* sp = spart + sm_head * kSpartStride + sm_row0;
+    const int* valid = reinterpret_cast<const int*>(smem + stage * kRawStage + kRawData + kRawScales);
+    float sv[kRowsPerThread];
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) sv[i] = 0.f;
+#pragma unroll
+    for (int dg = 0; dg < kDimGroups; ++dg) {
+      const float* row = sp + dg * kHeads * kSpartStride;
+#pragma unroll
+      for (int i = 0; i < kRowsPerThread; i += 4) {
+        const float4 v = *reinterpret_cast<const float4*>(row + i);
+        sv[i] += v.x, sv[i + 1] += v.y, sv[i + 2] += v.z, sv[i + 3] += v.w;
+      }
+    }
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; ++i) {
+      sv[i] = valid[sm_row0 + i] ? sv[i] * scale_log2 : -INFINITY;
+      tmax = fmaxf(tmax, sv[i]);
+    }
+#pragma unroll
+    for (int off = kThreadsPerHead / 2; off > 0; off >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(~0u, tmax, off));
+    const float new_max =
+        (run_max == -INFINITY || tmax > run_max + kRescaleSlack) ? fmaxf(run_max, tmax) : run_max;
+    const float base = new_max == -INFINITY ? 0.f : new_max;
+    const float alpha = exp2f(run_max - base);
+    uint8_t* prow = smem + kOffP + (sm_head * kPStride + sm_row0) * 2;
+    float tsum = 0.f, tsum_q = 0.f;
+#pragma unroll
+    for (int i = 0; i < kRowsPerThread; i += 2) {
+      const float p0 = exp2f(sv[i] - base), p1 = exp2f(sv[i + 1] - base);
+      const uint32_t pair = PackBf16x2(p0, p1);
+      *reinterpret_cast<uint32_t*>(prow + 2 * i) = pair;
+      tsum += p0 + p1;
+      tsum_q += __uint_as_float(pair << 16) + __uint_as_float(pair & 0xffff0000u);
+    }
+#pragma unroll
+    for (int off = kThreadsPerHead / 2; off > 0; off >>= 1) {
+      tsum += __shfl_xor_sync(~0u, tsum, off);
+      tsum_q += __shfl_xor_sync(~0u, tsum_q, off);
+    }
+    run_sum = run_sum * alpha + tsum;
+    run_sum_q = run_sum_q * alpha + tsum_q;
+    run_max = new_max;
+    if (sm_sub == 0) alpha_s[sm_head] = alpha;
+  };
+
+  // ---- O = alpha O + P V over this warpgroup's 256 dims (issued; the caller waits) ----
+  float o[1][32][4];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) o[0][j][0] = o[0][j][1] = o[0][j][2] = o[0][j][3] = 0.f;
+  float(&o_flat)[128] = *reinterpret_cast<float(*)[128]>(&o[0][0][0]);
+  const int ld_row = (lane & 7) + ((lane >> 3) & 1) * 8, ld_col = (lane >> 4) * 8;
+  auto pv_issue = [&](int kbuf) {
+    const float a_lo = alpha_s[16 * wg_warp + g], a_hi = alpha_s[16 * wg_warp + g + 8];
+    if (!__all_sync(~0u, a_lo == 1.f && a_hi == 1.f)) {  // skipping is exact: the running max did not move
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        o[0][j][0] *= a_lo;
+        o[0][j][1] *= a_lo;
+        o[0][j][2] *= a_hi;
+        o[0][j][3] *= a_hi;
+      }
+    }
+    const uint32_t p_lane = smem_base + kOffP + ((16 * wg_warp + ld_row) * kPStride + ld_col) * 2;
+    uint32_t pa[2][4];
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) Ldsm4(p_lane + 32 * kk, pa[kk][0], pa[kk][1], pa[kk][2], pa[kk][3]);
+    const uint32_t v_base = smem_base + kOffK + kbuf * kKBytes;
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 2; ++kk) {
+      // B = V rows [16 kk, +16) x dims [256 wg, +256), N-major: LBO = next 8 rows, SBO = next 8 dims.
+      const uint64_t db = SmemDesc(v_base + InterleavedChunk<kRows>(16 * kk, 32 * wg), 128, kRows * 16);
+      WgmmaM64N256RsT(o_flat, pa[kk], db, 1);
+    }
+    WgmmaCommit();
+  };
+
+  // ---- pipeline (as the 8-warp kernel): tile t+1 lands while t is scored; t+1 is dequantised while the
+  // asynchronous P V of tile t runs ----
+  if (range.num_tiles > 0) load_tile(0, 0);
+  CpAsyncCommit();  // group 0: Q and tile 0
+  if (range.num_tiles > 1) load_tile(1, 1);
+  CpAsyncCommit();
+  CpAsyncWait<1>();
+  __syncthreads();
+  if (range.num_tiles > 0) dequant_tile(0, 0);
+  if (range.num_tiles > 2) load_tile(2, 2);
+  CpAsyncCommit();
+  FenceProxyAsync();  // Q (cp.async) and tile 0 (stores) -> wgmma
+  __syncthreads();
+  for (int t = 0; t < range.num_tiles; ++t) {
+    qk_tile(t & 1);
+    __syncthreads();
+    softmax_tile(t % kStages);
+    CpAsyncWait<1>();  // tile t+1 has landed for this thread's copies
+    __syncthreads();
+    pv_issue(t & 1);
+    if (t + 1 < range.num_tiles) dequant_tile((t + 1) % kStages, (t + 1) & 1);
+    if (t + 3 < range.num_tiles) load_tile(t + 3, t % kStages);
+    CpAsyncCommit();
+    FenceProxyAsync();
+    WgmmaWaitAll();
+    __syncthreads();
+  }
+
+  // ---- epilogue (shared with the mma.sync kernels) ----
+  LaunchDependents();
+  float* stat_m = reinterpret_cast<float*>(smem + kOffStatM);
+  float* stat_l = reinterpret_cast<float*>(smem + kOffStatL);
+  float* stat_lq = reinterpret_cast<float*>(smem + kOffStatLq);
+  if (sm_sub == 0) {
+    stat_m[sm_head] = run_max;
+    stat_l[sm_head] = run_sum;
+    stat_lq[sm_head] = run_sum_q;
+  }
+  __syncthreads();
+  StoreBlockOutput<1, 256, kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
+                                   /*mtile_head0=*/16 * wg_warp, /*dim0=*/256 * wg);
+#endif
+}
+
+}  // namespace
+
+namespace internal {
+
+bool MmaWgmmaBuilt() {
+#if defined(DSV4_SPARSE_MLA_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
+int MmaWgmmaSmemBytes() { return kSmemBytes; }
+
+cudaError_t PrepareMmaWgmmaKernel() {
+  return cudaFuncSetAttribute(SparseMlaWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+}
+
+cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
+  const dim3 grid(p.num_heads / kHeads, num_splits, p.batch);
+  const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
+  SparseMlaWgmmaKernel<<<grid, kThreads, kSmemBytes, stream>>>(p, scale_log2);
+  return cudaGetLastError();
+}
+
+}  // namespace internal
+}  // namespace dsv4::kernels::sparse_mla
