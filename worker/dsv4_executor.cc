@@ -82,6 +82,20 @@ class Dsv4Executor final : public ModelExecutor {
     return model_->Forward(chunks, logits);
   }
 
+  bool SamplesInStep() const override { return true; }
+  absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
+                             int32_t* tokens) override {
+    if (runner_ != nullptr && DecodeOnly(chunks) && runner_->BucketFor(static_cast<int64_t>(chunks.size())) > 0) {
+      const bool timed = timer_ != nullptr && timer_->sampling();
+      return runner_->RunDecodeSample(chunks, sampling, tokens, timed);
+    }
+    if (chunks.empty()) return absl::InvalidArgumentError("Forward with no chunks");
+    const model::StepShape shape = model::Dsv4Model::ShapeOf(chunks);
+    DSV4_RETURN_IF_ERROR(model_->PrepareStep(chunks, shape, sampling));
+    DSV4_RETURN_IF_ERROR(model_->EnqueueStep(shape, /*sample=*/true));
+    return model_->FinishStepTokens(tokens, static_cast<int64_t>(chunks.size()));
+  }
+
   ExecutorMemory Memory() override {
     const auto held = backend_->allocated();
     ExecutorMemory m{.backend = backend_->name(),

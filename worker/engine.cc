@@ -246,9 +246,28 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
                       .tokens = std::span<const int32_t>(r->tokens).subspan(c.start, c.count),
                       .start_pos = c.start});
   }
-  logits_.resize(plan.size() * static_cast<size_t>(vocab));
+  // Sampling inside the step (the executor's Sample op: token ids come back, logits stay on the device), or on
+  // the host from the returned logits; the same token either way (one reference sampler, worker/sampler.h).
+  const bool in_step = executor_->SamplesInStep();
+  if (in_step) {
+    sample_params_.resize(plan.size());
+    sampled_.assign(plan.size(), -1);
+    for (size_t i = 0; i < plan.size(); ++i) {
+      const Request* r = plan[i].request;
+      sample_params_[i] = plan[i].samples ? kernels::SampleParams{.temperature = std::max(r->sampling.temperature, 0.f),
+                                                                  .top_k = r->sampling.top_k,
+                                                                  .top_p = r->sampling.top_p,
+                                                                  .min_p = r->sampling.min_p,
+                                                                  .seed = r->sampling.seed,
+                                                                  .index = static_cast<uint64_t>(r->generated)}
+                                          : kernels::SampleParams{.temperature = -1.f};  // a chunk mid-prefill
+    }
+  } else {
+    logits_.resize(plan.size() * static_cast<size_t>(vocab));
+  }
   if (phase_timer_ != nullptr) phase_timer_->BeginStep();
-  const absl::Status status = executor_->Forward(chunks, logits_.data());
+  const absl::Status status = in_step ? executor_->ForwardSample(chunks, sample_params_, sampled_.data())
+                                      : executor_->Forward(chunks, logits_.data());
   if (phase_timer_ != nullptr) phase_timer_->EndStep();
   if (!status.ok()) {
     DSV4_LOG_ERROR("forward failed for a batch of {}: {}", plan.size(), status.ToString());
@@ -266,8 +285,18 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
     if (r->state == RequestState::kDecode) ++decode;
     r->num_computed += plan[i].count;
     if (!plan[i].samples) continue;
-    const std::span<const float> row(logits_.data() + i * vocab, vocab);
-    const int32_t token = sampler_.Sample(row, r->sampling, static_cast<uint64_t>(r->generated));
+    int32_t token = -1;
+    if (in_step) {
+      token = sampled_[i];
+    } else {
+      const std::span<const float> row(logits_.data() + i * vocab, vocab);
+      token = sampler_.Sample(row, r->sampling, static_cast<uint64_t>(r->generated));
+    }
+    if (token < 0 || token >= vocab) {  // a broken step: never stream an id outside the vocabulary
+      Finish(r->handle, RequestState::kFailed, dsv4::v1::FINISH_REASON_ERROR,
+             absl::StrCat("the step sampled token ", token, " outside [0, ", vocab, ")"));
+      continue;
+    }
     AfterSample(r, token, &done);
   }
   if (metrics_) {

@@ -96,7 +96,9 @@ class Engine {
   Scheduler scheduler_;
   Sampler sampler_;
   metrics::PhaseTimer* phase_timer_;  // options_.phase_timer or the executor's; may be null
-  std::vector<float> logits_;  // [chunks, vocab]
+  std::vector<float> logits_;  // [chunks, vocab] (host sampling)
+  std::vector<kernels::SampleParams> sample_params_;  // [chunks] (sampling in the step)
+  std::vector<int32_t> sampled_;                       // [chunks] (sampling in the step)
   std::thread thread_;
 
   mutable absl::Mutex mu_;

@@ -98,7 +98,7 @@ absl::StatusOr<GraphCaptureReport> GraphRunner::CaptureAll() {
     // The warm-up runs every launch of the shape once (lazy module loading, NCCL connections, launch plans) before
     // anything is recorded; an all-padding plan touches no sequence's cache or state.
     failed = model_.PrepareStep({}, shape);
-    if (failed.ok()) failed = model_.EnqueueStep(shape);
+    if (failed.ok()) failed = model_.EnqueueStep(shape, /*sample=*/true);
     if (failed.ok()) failed = model_.FinishStep(nullptr, 0);
     if (!failed.ok()) {
       failed = absl::Status(failed.code(), absl::StrCat("graph bucket ", slot->bucket, ": warm-up step failed: ",
@@ -107,7 +107,7 @@ absl::StatusOr<GraphCaptureReport> GraphRunner::CaptureAll() {
     }
     const absl::Time t1 = absl::Now();
     absl::StatusOr<std::unique_ptr<kernels::StepGraph>> graph =
-        device_->Capture([this, shape] { return model_.EnqueueStep(shape); });
+        device_->Capture([this, shape] { return model_.EnqueueStep(shape, /*sample=*/true); });
     if (!graph.ok()) {
       failed = absl::Status(graph.status().code(), absl::StrCat("graph bucket ", slot->bucket, " (", shape.tokens,
                                                                 " tokens): ", graph.status().message()));
@@ -132,6 +132,17 @@ absl::StatusOr<GraphCaptureReport> GraphRunner::CaptureAll() {
 }
 
 absl::Status GraphRunner::RunDecode(std::span<const model::SeqChunk> chunks, float* logits, bool eager) {
+  return Run(chunks, {}, logits, nullptr, eager);
+}
+
+absl::Status GraphRunner::RunDecodeSample(std::span<const model::SeqChunk> chunks,
+                                          std::span<const kernels::SampleParams> sampling, int32_t* tokens,
+                                          bool eager) {
+  return Run(chunks, sampling, nullptr, tokens, eager);
+}
+
+absl::Status GraphRunner::Run(std::span<const model::SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
+                              float* logits, int32_t* tokens, bool eager) {
   const int bucket = BucketFor(static_cast<int64_t>(chunks.size()));
   Slot* slot = Find(bucket);
   if (slot == nullptr) {
@@ -140,17 +151,19 @@ absl::Status GraphRunner::RunDecode(std::span<const model::SeqChunk> chunks, flo
   }
   const model::StepShape shape = model::StepShape::Decode(bucket);
   const absl::Time t0 = absl::Now();
-  DSV4_RETURN_IF_ERROR(model_.PrepareStep(chunks, shape));
+  DSV4_RETURN_IF_ERROR(model_.PrepareStep(chunks, shape, sampling));
   const absl::Time t1 = absl::Now();
   if (!eager && slot->state == BucketState::kCaptured) {
     DSV4_RETURN_IF_ERROR(device_->Launch(*slot->graph));
     ++slot->replays;
   } else {
-    DSV4_RETURN_IF_ERROR(model_.EnqueueStep(shape));
+    DSV4_RETURN_IF_ERROR(model_.EnqueueStep(shape, /*sample=*/true));
     ++slot->eager;
   }
   const absl::Time t2 = absl::Now();
-  const absl::Status finished = model_.FinishStep(logits, static_cast<int64_t>(chunks.size()));
+  const int64_t rows = static_cast<int64_t>(chunks.size());
+  const absl::Status finished =
+      tokens != nullptr ? model_.FinishStepTokens(tokens, rows) : model_.FinishStep(logits, rows);
   last_ = {.prepare_s = absl::ToDoubleSeconds(t1 - t0), .launch_s = absl::ToDoubleSeconds(t2 - t1),
            .finish_s = absl::ToDoubleSeconds(absl::Now() - t2)};
   return finished;

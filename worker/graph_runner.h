@@ -1,6 +1,7 @@
 // CUDA graphs of decode steps (GPU-ENGINE.md §1, issue 15): one graph per decode batch bucket, captured at
 // start-up, replayed by every decode-only step padded to its bucket, so a decode step costs the host one plan
-// copy, one graph launch and one logits copy. Prefill and mixed steps run eagerly (Dsv4Model::Forward).
+// copy (tokens, positions, block tables, sampling parameters), one graph launch and one copy of the sampled token
+// ids (or of the logits, for a caller that samples itself). Prefill and mixed steps run eagerly.
 //
 // The model stays free of CUDA: a graph is Dsv4Model::EnqueueStep(StepShape::Decode(b)) recorded through the
 // backend's optional DeviceControl (kernels/device_control.h). Because EnqueueStep reads everything that changes
@@ -61,6 +62,10 @@ class GraphRunner {
   // bucket, then the bucket's graph replayed - or the same padded plan enqueued eagerly when `eager` or the graph
   // is not captured - and chunks.size() logit rows copied to `logits`.
   absl::Status RunDecode(std::span<const model::SeqChunk> chunks, float* logits, bool eager);
+  // The same step with sampling on the device (every graph ends with the Sample op): sampling[i] is chunk i's
+  // parameters, and the chunks.size() drawn token ids are what comes back (no logits leave the device).
+  absl::Status RunDecodeSample(std::span<const model::SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
+                               int32_t* tokens, bool eager);
 
   // Host wall time of the last RunDecode: packing + plan copy enqueue, graph launch (or eager enqueue), and the
   // logits copy with the wait for the device (which holds the GPU time of the step).
@@ -77,6 +82,8 @@ class GraphRunner {
  private:
   struct Slot;
   Slot* Find(int bucket) const;
+  absl::Status Run(std::span<const model::SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
+                   float* logits, int32_t* tokens, bool eager);
 
   model::Dsv4Model& model_;
   kernels::DeviceControl* device_;

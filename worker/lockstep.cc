@@ -96,6 +96,15 @@ absl::Status LockstepLeader::ResetState(int32_t state_slot) {
 }
 
 absl::Status LockstepLeader::Forward(std::span<const SeqChunk> chunks, float* logits) {
+  return Step(chunks, [&] { return local_->Forward(chunks, logits); });
+}
+
+absl::Status LockstepLeader::ForwardSample(std::span<const SeqChunk> chunks,
+                                           std::span<const kernels::SampleParams> sampling, int32_t* tokens) {
+  return Step(chunks, [&] { return local_->ForwardSample(chunks, sampling, tokens); });
+}
+
+absl::Status LockstepLeader::Step(std::span<const SeqChunk> chunks, const std::function<absl::Status()>& local) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!broken_.ok()) return broken_;
   // Refuse here what could not be serialised; the model validates the rest identically on every rank.
@@ -105,7 +114,7 @@ absl::Status LockstepLeader::Forward(std::span<const SeqChunk> chunks, float* lo
   comm::StepPlan plan;
   for (const auto& c : chunks) FillChunk(c, plan.mutable_forward()->add_chunks());
   DSV4_RETURN_IF_ERROR(SendLocked(plan));
-  const absl::Status s = local_->Forward(chunks, logits);
+  const absl::Status s = local();
   return IsCommFailure(s) ? Broken(s) : s;
 }
 

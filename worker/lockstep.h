@@ -57,6 +57,10 @@ class LockstepLeader final : public ModelExecutor {
                              int max_state_slots) override;
   absl::Status ResetState(int32_t state_slot) override;
   absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override;
+  // The leader samples; followers run the same step with Forward (the Sample op has no collectives).
+  bool SamplesInStep() const override { return local_->SamplesInStep(); }
+  absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
+                             int32_t* tokens) override;
   // Broadcast like the steps: every rank captures the same buckets (and so pads decode steps alike).
   absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) override;
   ExecutorMemory Memory() override { return local_->Memory(); }
@@ -66,6 +70,8 @@ class LockstepLeader final : public ModelExecutor {
   absl::Status health() const;
 
  private:
+  // Broadcasts the forward plan of `chunks`, then runs `local` (this rank's part of the step).
+  absl::Status Step(std::span<const SeqChunk> chunks, const std::function<absl::Status()>& local);
   // Broadcasts `plan` (stamped with the next seq); caller holds mu_.
   absl::Status SendLocked(comm::StepPlan& plan);
   // Records the failure (first one wins) and notifies on_failure once; returns it.

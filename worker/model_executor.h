@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/ops.h"
 #include "model/dsv4/step.h"
 
 namespace dsv4::metrics {
@@ -74,6 +75,15 @@ class ModelExecutor {
   virtual absl::Status ResetState(int32_t state_slot) = 0;
   // Runs every chunk and writes the logits of each chunk's last token to logits[i * vocab_size].
   virtual absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) = 0;
+  // Whether ForwardSample draws the tokens inside the step (the backend's Sample op, kernels/ops.h): the engine
+  // then passes each chunk's sampling parameters and gets token ids back; no logits leave the backend.
+  virtual bool SamplesInStep() const { return false; }
+  // Runs every chunk like Forward and draws a token from each chunk's last-token logits with sampling[i]
+  // (temperature < 0: no draw, tokens[i] = -1) into tokens[i]. The token is the one worker/sampler.h would draw.
+  virtual absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
+                                     int32_t* tokens) {
+    return absl::UnimplementedError("this executor does not sample inside the step");
+  }
 
   // What the backend holds (and the device's memory); the default reports nothing (a fake executor).
   virtual ExecutorMemory Memory() { return {}; }

@@ -30,12 +30,18 @@ struct Workspace {
   kernels::Buffer selected, selected_count;        // int32 [T, Ksel], [T]
   kernels::Buffer o, z, y;          // [T, H, Dh], [T, G*o_lora], [T, D]
   kernels::Buffer h, logits, logits_full;  // [R, D], [R, V local], [R, V] (world > 1)
+  kernels::Buffer sampled;                 // int32 [R] the Sample op's tokens
   // The step's plan, packed as int32 in this order (offsets in PlanLayout), on the host and in backend memory.
   kernels::Buffer plan_host, plan;
 };
 
-// Offsets (in int32s) of each array in the packed plan; pool tables are [B capacity, stride[pool]].
+// int32s of one kernels::SampleParams in the packed plan.
+inline constexpr int64_t kSampleParamsInts = sizeof(kernels::SampleParams) / 4;
+
+// Offsets (in int32s) of each array in the packed plan; pool tables are [B capacity, stride[pool]]; sample is
+// [B capacity] SampleParams (at offset 0: 8-byte aligned).
 struct PlanLayout {
+  int64_t sample = 0;
   int64_t tokens = 0, pos = 0, seq = 0, seq_first = 0, seq_len = 0, slot = 0, head_rows = 0;
   std::array<int64_t, kNumKvPools> table{}, stride{};
   int64_t total = 0;

@@ -1,6 +1,7 @@
 // Dsv4Model: loading, cache and workspace planning, step validation, plan packing and the top-level forward
 // (embed -> layers -> head). The sublayers live in attention.cc, ffn.cc and head.cc.
 #include <algorithm>
+#include <cstring>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,8 @@ PlanLayout MakePlanLayout(int64_t T, int64_t B, const std::array<int64_t, kNumKv
   PlanLayout l;
   int64_t at = 0;
   auto take = [&](int64_t n) { const int64_t o = at; at += n; return o; };
+  // First, so its 8-byte fields are aligned (the plan buffer is): one SampleParams (8 int32s) per sequence.
+  l.sample = take(B * kSampleParamsInts);
   l.tokens = take(T);
   l.pos = take(T);
   l.seq = take(T);
@@ -172,6 +175,7 @@ absl::Status AllocateWorkspace(kernels::Backend& be, const Config& c, const Shar
   DSV4_RETURN_IF_ERROR(f32(ws.h, R * D));
   DSV4_RETURN_IF_ERROR(f32(ws.logits, R * Vlocal));
   if (shard != nullptr) DSV4_RETURN_IF_ERROR(f32(ws.logits_full, R * V));
+  DSV4_RETURN_IF_ERROR(f32(ws.sampled, R));  // int32, same size
   DSV4_ASSIGN_OR_RETURN(ws.plan, be.Allocate(plan.total * 4, kernels::MemoryKind::kWorkspace));
   DSV4_ASSIGN_OR_RETURN(ws.plan_host, be.Allocate(plan.total * 4, kernels::MemoryKind::kHostStaging));
   return absl::OkStatus();
@@ -299,9 +303,16 @@ absl::Status ValidateChunks(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks
 // Packs the step's plan, padded to `shape`, into the host staging buffer (one copy to the backend follows).
 // Head rows: each chunk's last token, or every token when all_rows; then one per padding sequence (its padding
 // token, or the last token of the step). Returns the number of head rows.
-int64_t PackPlan(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, const StepShape& shape, bool all_rows) {
+int64_t PackPlan(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, const StepShape& shape, bool all_rows,
+                 std::span<const kernels::SampleParams> sampling) {
   const PlanLayout& l = m.plan;
   int32_t* p = m.ws.plan_host.as<int32_t>();
+  // Sampling rows: the chunks' (when given), then padding rows (temperature -1: the Sample op writes token -1).
+  const kernels::SampleParams padding{.temperature = -1.f};
+  for (int64_t b = 0; b < shape.seqs; ++b) {
+    const kernels::SampleParams& sp = b < static_cast<int64_t>(sampling.size()) ? sampling[b] : padding;
+    std::memcpy(p + l.sample + b * kSampleParamsInts, &sp, sizeof(sp));
+  }
   int64_t t = 0, rows = 0;
   const int64_t B = static_cast<int64_t>(chunks.size());
   for (int64_t b = 0; b < B; ++b) {
@@ -355,10 +366,14 @@ StepContext MakeStepContext(Dsv4Model::Impl& m, const StepShape& shape) {
 
 // Validates, packs and copies the plan in, and advances the slots' positions; *rows gets the head rows.
 absl::Status Prepare(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, const StepShape& shape, bool all_rows,
-                     int64_t* rows) {
+                     std::span<const kernels::SampleParams> sampling, int64_t* rows) {
   DSV4_RETURN_IF_ERROR(ValidateChunks(m, chunks, shape));
+  if (sampling.size() > chunks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("step has ", sampling.size(), " sampling rows for ", chunks.size(),
+                                                   " chunks"));
+  }
   m.tp_status = absl::OkStatus();
-  *rows = PackPlan(m, chunks, shape, all_rows);
+  *rows = PackPlan(m, chunks, shape, all_rows, sampling);
   DSV4_RETURN_IF_ERROR(m.backend->CopyToDevice(m.ws.plan.data(), m.ws.plan_host.data(), m.plan.total * 4));
   for (const SeqChunk& ch : chunks) m.cache->next_pos(ch.tables->state_slot) += static_cast<int64_t>(ch.tokens.size());
   return absl::OkStatus();
@@ -395,7 +410,7 @@ absl::Status RunForward(Dsv4Model::Impl& m, std::span<const SeqChunk> chunks, bo
   if (chunks.empty()) return absl::InvalidArgumentError("Forward with no chunks");
   const StepShape shape = Dsv4Model::ShapeOf(chunks);
   int64_t rows = 0;
-  DSV4_RETURN_IF_ERROR(Prepare(m, chunks, shape, all_rows, &rows));
+  DSV4_RETURN_IF_ERROR(Prepare(m, chunks, shape, all_rows, {}, &rows));
   const StepContext s = MakeStepContext(m, shape);
   const float* x = EnqueueLayers(m, s);
   kernels::Backend& be = *m.backend;
@@ -428,12 +443,13 @@ int64_t Dsv4Model::max_step_tokens() const { return impl_->ws.max_tokens; }
 int64_t Dsv4Model::max_step_seqs() const { return impl_->ws.max_seqs; }
 int64_t Dsv4Model::max_head_rows() const { return impl_->ws.head_rows; }
 
-absl::Status Dsv4Model::PrepareStep(std::span<const SeqChunk> chunks, const StepShape& shape) {
+absl::Status Dsv4Model::PrepareStep(std::span<const SeqChunk> chunks, const StepShape& shape,
+                                     std::span<const kernels::SampleParams> sampling) {
   int64_t rows = 0;
-  return Prepare(*impl_, chunks, shape, false, &rows);
+  return Prepare(*impl_, chunks, shape, false, sampling, &rows);
 }
 
-absl::Status Dsv4Model::EnqueueStep(const StepShape& shape) {
+absl::Status Dsv4Model::EnqueueStep(const StepShape& shape, bool sample) {
   Impl& m = *impl_;
   if (!m.cache->allocated()) return absl::FailedPreconditionError("EnqueueStep before AllocateCache");
   if (shape.tokens > m.ws.max_tokens || shape.seqs > m.ws.max_seqs || shape.seqs > m.ws.head_rows ||
@@ -446,6 +462,12 @@ absl::Status Dsv4Model::EnqueueStep(const StepShape& shape) {
   const float* x = EnqueueLayers(m, s);
   float* logits = (m.shard != nullptr ? m.ws.logits_full : m.ws.logits).as<float>();
   Head(m, s, x, m.ws.plan.as<const int32_t>() + m.plan.head_rows, shape.seqs, logits);
+  if (sample) {  // one token per row from the whole vocabulary (every rank of a group has the gathered rows)
+    s.ops.Sample({.logits = logits,
+                  .params = reinterpret_cast<const kernels::SampleParams*>(m.ws.plan.as<const int32_t>() +
+                                                                           m.plan.sample),
+                  .tokens = m.ws.sampled.as<int32_t>(), .r = shape.seqs, .v = m.config.vocab_size});
+  }
   if (m.options.phase_hook != nullptr) m.options.phase_hook->End();
   return absl::OkStatus();
 }
@@ -461,6 +483,19 @@ absl::Status Dsv4Model::FinishStep(float* logits, int64_t rows) {
   const float* device = (m.shard != nullptr ? m.ws.logits_full : m.ws.logits).as<const float>();
   DSV4_RETURN_IF_ERROR(be.CopyToHost(logits, device, rows * m.config.vocab_size * 4));
   DSV4_RETURN_IF_ERROR(be.Synchronize());
+  return m.tp_status;
+}
+
+absl::Status Dsv4Model::FinishStepTokens(int32_t* tokens, int64_t rows) {
+  Impl& m = *impl_;
+  if (rows < 0 || rows > m.ws.head_rows) {
+    return absl::InvalidArgumentError(absl::StrCat("FinishStepTokens: ", rows, " rows out of [0, ", m.ws.head_rows,
+                                                   "]"));
+  }
+  if (rows > 0 && tokens == nullptr) return absl::InvalidArgumentError("FinishStepTokens: tokens is null");
+  DSV4_RETURN_IF_ERROR(FlushCollectives(m));
+  DSV4_RETURN_IF_ERROR(m.backend->CopyToHost(tokens, m.ws.sampled.data(), rows * 4));
+  DSV4_RETURN_IF_ERROR(m.backend->Synchronize());
   return m.tp_status;
 }
 

@@ -113,10 +113,15 @@ class Dsv4Model {
   //    cannot hold (before enqueuing anything).
   //  FinishStep: copies the first `rows` logit rows ([rows, vocab_size], the chunks' in order) to the host (the
   //    one copy out), waits for the backend and returns the step's first error (a launch, a collective).
+  // Sampling on the backend (kernels/ops.h Sample): PrepareStep packs `sampling[i]` for chunk i (rows past it,
+  // and padding rows, draw nothing: token -1), EnqueueStep(shape, true) ends with the Sample op over the logit
+  // rows, and FinishStepTokens copies the `rows` drawn token ids out instead of the logits.
   static StepShape ShapeOf(std::span<const SeqChunk> chunks);
-  absl::Status PrepareStep(std::span<const SeqChunk> chunks, const StepShape& shape);
-  absl::Status EnqueueStep(const StepShape& shape);
+  absl::Status PrepareStep(std::span<const SeqChunk> chunks, const StepShape& shape,
+                           std::span<const kernels::SampleParams> sampling = {});
+  absl::Status EnqueueStep(const StepShape& shape, bool sample = false);
   absl::Status FinishStep(float* logits, int64_t rows);
+  absl::Status FinishStepTokens(int32_t* tokens, int64_t rows);
   // The planned step capacity (AllocateCache): tokens and sequences of the largest StepShape.
   int64_t max_step_tokens() const;
   int64_t max_step_seqs() const;

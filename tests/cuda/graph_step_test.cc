@@ -1,7 +1,8 @@
 // CUDA graphs of whole decode steps on the tiny model (issue 15; worker/graph_runner.h, kernels/cuda/cuda_graphs.h):
 // the backend's DeviceControl (memory, stream, a capture that synchronises fails and leaves the stream usable);
 // a decode step padded to its bucket matches the unpadded Forward; a replayed graph gives the eager step's logits
-// bit for bit; every bucket up to 32 captures (time, nodes, memory printed); the executor's CUDA-event phase timer
+// bit for bit; a replayed graph's Sample op draws the host sampler's token from the eager logits; every bucket up
+// to 32 captures (time, nodes, memory printed); the executor's CUDA-event phase timer
 // measures attention, MoE and dense time on timed steps while the other steps replay graphs; the host time of a
 // replayed step (plan packing + copy + launch) against the whole step, printed per bucket. Label gpu: skips with a
 // message without a usable GPU.
@@ -14,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/backend_factory.h"
+#include "kernels/cpu/cpu_sample.h"
 #include "kernels/device_control.h"
 #include "metrics/phase_timer.h"
 #include "tests/model/model_fixture.h"
@@ -197,6 +199,49 @@ TEST(CudaGraphStep, ReplayEqualsEagerBitForBit) {
   }
   EXPECT_EQ(runner.replays(8), 19);
   EXPECT_EQ(runner.eager_steps(8), 19);
+}
+
+TEST(CudaGraphStep, ReplayedSamplingDrawsTheHostSamplersTokensFromEagerLogits) {
+  REQUIRE_GPU();
+  auto m = Load(NumericMode::kProduction);
+  ASSERT_NE(m, nullptr);
+  const int64_t V = m->config().vocab_size;
+  const int k = 5;
+  TwoSets t = MakeSets(*m, k, 300);
+  worker::GraphRunner runner(*m, Cuda().device_control(), {1, 2, 4, 8});
+  ASSERT_TRUE(runner.CaptureAll().ok());
+  std::vector<float> logits(k * V);
+  std::vector<int32_t> got(k);
+  std::vector<uint64_t> scratch(V);
+  const std::vector<int> prefill = {64, 3, 140, 20, 129};
+  int mismatches = 0;
+  for (int step = 0; step < 16; ++step) {
+    t.Next(step, prefill);
+    if (step == 0) {
+      ASSERT_TRUE(m->Forward(t.a, logits.data()).ok());
+      ASSERT_TRUE(m->Forward(t.b, logits.data()).ok());
+      continue;
+    }
+    std::vector<kernels::SampleParams> params(k);
+    for (int s = 0; s < k; ++s) {
+      params[s] = {.temperature = 0.25f * s, .top_k = s == 3 ? 20 : 0, .top_p = s == 4 ? 0.8f : 1.f,
+                   .seed = 1000u + s, .index = static_cast<uint64_t>(step)};
+    }
+    ASSERT_TRUE(runner.RunDecode(t.a, logits.data(), /*eager=*/true).ok());
+    const absl::Status s = runner.RunDecodeSample(t.b, params, got.data(), /*eager=*/false);
+    ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < k; ++r) {
+      const int32_t want = kernels::cpu::SampleRow(std::span(logits).subspan(r * V, V), params[r], scratch);
+      if (got[r] != want) {
+        ++mismatches;
+        ADD_FAILURE() << "step " << step << " row " << r << " (temperature " << params[r].temperature
+                      << "): the replayed graph's Sample op drew " << got[r] << ", the host sampler " << want
+                      << " from the eager step's logits";
+      }
+    }
+  }
+  std::printf("replayed Sample op vs host sampler of eager logits: %d mismatches over 15 steps x %d rows\n",
+              mismatches, k);
 }
 
 TEST(CudaGraphStep, EveryBucketUpTo32Captures) {

@@ -1,11 +1,13 @@
 // The step API CUDA graphs are built on (model.h: PrepareStep / EnqueueStep / FinishStep): a step padded to a
 // larger shape (padding tokens pos -1, padding sequences seq_len 0) gives the same logits for the real rows as the
 // unpadded Forward, bit for bit on the CPU backend; an all-padding step (the graph runner's warm-up) changes no
-// state; shapes that do not fit are refused naming the limit.
+// state; the Sample op at the end of a step draws the reference sampler's tokens; shapes that do not fit are
+// refused naming the limit.
 #include <cstring>
 #include <functional>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_sample.h"
 #include "tests/model/model_fixture.h"
 #include "tools/generate/runner.h"
 
@@ -92,6 +94,49 @@ TEST(StepApiTest, PaddedPrefillShapeEqualsForward) {
         return StepShape{.tokens = tokens + 11, .seqs = 6, .max_seq_len = max_len + 3};
       },
       4, /*warm_up_between=*/false);
+}
+
+TEST(StepApiTest, SamplingInTheStepDrawsTheHostSamplersTokens) {
+  // The Sample op at the end of a padded step draws, for each chunk, the token the reference sampler draws from
+  // Forward's logits; chunks without parameters and padding rows draw nothing (-1).
+  Dsv4Model& m = TinyModel(NumericMode::kProduction);
+  const int64_t V = m.config().vocab_size;
+  const int k = 4;
+  auto plan = generate::AllocateSequences(m, 2 * k, 300);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < k; ++s) toks.push_back(RandomTokens(300, 60 + s, static_cast<int>(V)));
+  std::vector<int32_t> pos(k, 0);
+  std::vector<SeqChunk> a(k), b(k);
+  std::vector<float> logits(k * V);
+  std::vector<int32_t> got(k);
+  std::vector<uint64_t> scratch(V);
+  for (int step = 0; step < 8; ++step) {
+    for (int s = 0; s < k; ++s) {
+      const int n = step == 0 ? 20 + 37 * s : 1;
+      a[s] = {.tables = &plan->tables[s], .tokens = std::span(toks[s]).subspan(pos[s], n), .start_pos = pos[s]};
+      b[s] = {.tables = &plan->tables[k + s], .tokens = a[s].tokens, .start_pos = pos[s]};
+      pos[s] += n;
+    }
+    // Row 0 greedy, row 1 temperature + top-k, row 2 top-p + min-p, row 3 draws nothing.
+    const std::vector<kernels::SampleParams> params = {
+        {.temperature = 0.f, .seed = 1, .index = static_cast<uint64_t>(step)},
+        {.temperature = 0.8f, .top_k = 40, .seed = 7, .index = static_cast<uint64_t>(step)},
+        {.temperature = 1.2f, .top_p = 0.9f, .min_p = 0.05f, .seed = 9, .index = static_cast<uint64_t>(step)},
+        {.temperature = -1.f}};
+    ASSERT_TRUE(m.Forward(a, logits.data()).ok());
+    const StepShape shape = step == 0 ? Dsv4Model::ShapeOf(b) : StepShape::Decode(8);
+    ASSERT_TRUE(m.PrepareStep(b, shape, params).ok());
+    ASSERT_TRUE(m.EnqueueStep(shape, /*sample=*/true).ok());
+    const absl::Status finished = m.FinishStepTokens(got.data(), k);
+    ASSERT_TRUE(finished.ok()) << finished;
+    for (int s = 0; s < k; ++s) {
+      const int32_t want = params[s].temperature < 0
+                               ? -1
+                               : kernels::cpu::SampleRow(std::span(logits).subspan(s * V, V), params[s], scratch);
+      EXPECT_EQ(got[s], want) << "step " << step << " row " << s;
+    }
+  }
 }
 
 TEST(StepApiTest, ShapesThatDoNotFitAreRefused) {

@@ -1,7 +1,7 @@
 // dsv4-worker --backend cuda as a process on loopback, on the tiny checkpoint made at test time (issue 15): greedy
 // tokens equal `dsv4-generate --backend cuda` alone and with 16 requests in flight; a worker replaying CUDA graphs
-// streams exactly the tokens of one running every step eagerly (--cuda-graphs=false), for batches that land in
-// several buckets; cancel frees pages; a burst beyond the pages completes with preemption; bad inputs get
+// streams exactly the tokens of one running every step eagerly (--cuda-graphs=false), greedy and seeded sampling
+// (the Sample op inside the step), for batches that land in several buckets; cancel frees pages; a burst beyond the pages completes with preemption; bad inputs get
 // INVALID_ARGUMENT; phase times and start-up gauges come from the GPU; the start-up log has the memory table and
 // the per-bucket captures. Label gpu: skips with a message where no CUDA device is usable.
 //
@@ -170,7 +170,10 @@ TEST_F(GpuWorkerTest, GraphReplayEqualsEagerTokenForToken) {
   // Batches of 3, 11 and 27 requests in flight land in buckets 4, 16 and 32 (and smaller ones as they finish).
   for (int n : {3, 11, 27}) {
     std::vector<dsv4::v1::GenerateRequest> reqs;
-    for (int i = 0; i < n; ++i) reqs.push_back(Request(Prompt(3 + 7 * i, 500 + n + i), 12 + i % 7));
+    // Every other request sampled (temperature 0.8, top-p 0.95, its own seed): the Sample op inside the graph.
+    for (int i = 0; i < n; ++i) {
+      reqs.push_back(Request(Prompt(3 + 7 * i, 500 + n + i), 12 + i % 7, i % 2 == 1 ? 0.8f : 0.f, 4242 + i));
+    }
     const std::vector<Stream> replayed = GenerateAll(graphs_->stub.get(), reqs);
     const std::vector<Stream> eager = GenerateAll(eager_->stub.get(), reqs);
     for (int i = 0; i < n; ++i) {

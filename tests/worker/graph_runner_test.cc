@@ -10,6 +10,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_sample.h"
 #include "tests/model/model_fixture.h"
 #include "tools/generate/runner.h"
 #include "worker/graph_runner.h"
@@ -113,6 +114,47 @@ TEST(GraphRunner, ReplaysEqualForwardBitForBitThroughTheBucketLifecycle) {
   EXPECT_EQ(runner.state(8), GraphRunner::BucketState::kCaptured);
   EXPECT_GT(hook.marks, 0) << "the hook is back after capturing (eager steps mark phases)";
   m.SetPhaseHook(nullptr);
+}
+
+TEST(GraphRunner, ReplaysWithSamplingDrawTheReferenceSamplersTokens) {
+  model::Dsv4Model& m = TinyModel(model::NumericMode::kExact);
+  const int64_t V = m.config().vocab_size;
+  const int k = 3;
+  auto plan = generate::AllocateSequences(m, 2 * k, 200);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  FakeGraphs graphs;
+  GraphRunner runner(m, &graphs, {1, 4});
+  ASSERT_TRUE(runner.CaptureAll().ok());
+  std::vector<std::vector<int32_t>> toks;
+  for (int s = 0; s < k; ++s) toks.push_back(RandomTokens(200, 80 + s, static_cast<int>(V)));
+  std::vector<int32_t> pos(k, 0), got(k);
+  std::vector<model::SeqChunk> a(k), b(k);
+  std::vector<float> logits(k * V);
+  std::vector<uint64_t> scratch(V);
+  for (int step = 0; step < 10; ++step) {
+    for (int s = 0; s < k; ++s) {
+      const int n = step == 0 ? 30 + 50 * s : 1;
+      a[s] = {.tables = &plan->tables[s], .tokens = std::span(toks[s]).subspan(pos[s], n), .start_pos = pos[s]};
+      b[s] = {.tables = &plan->tables[k + s], .tokens = a[s].tokens, .start_pos = pos[s]};
+      pos[s] += n;
+    }
+    ASSERT_TRUE(m.Forward(a, logits.data()).ok());
+    if (step == 0) {
+      ASSERT_TRUE(m.Forward(b, logits.data()).ok());
+      continue;
+    }
+    std::vector<kernels::SampleParams> params(k);
+    for (int s = 0; s < k; ++s) {
+      params[s] = {.temperature = 0.3f * s, .top_p = 0.9f, .seed = 100u + s, .index = static_cast<uint64_t>(step)};
+    }
+    ASSERT_TRUE(runner.RunDecodeSample(b, params, got.data(), /*eager=*/step % 3 == 0).ok());
+    for (int s = 0; s < k; ++s) {
+      EXPECT_EQ(got[s], kernels::cpu::SampleRow(std::span(logits).subspan(s * V, V), params[s], scratch))
+          << "step " << step << " row " << s;
+    }
+  }
+  EXPECT_GT(runner.replays(4), 0);
+  EXPECT_GT(runner.eager_steps(4), 0);
 }
 
 TEST(GraphRunner, AFailedCaptureNamesTheBucketAndRestoresTheHook) {
