@@ -37,14 +37,18 @@ for t in tests:
 for binary, filters in by_binary.items():
     print(binary, ":".join(filters))
 ' > "$dir/tests.txt"
-    bash ../shared/gpu/bundle.sh "$dir" $(cut -d" " -f1 "$dir/tests.txt") > /dev/null
+    # The programs the process tests start (gpu_worker_test, tp_gpu_test: BinaryPath() under DSV4_BINARY_DIR), in
+    # the build folder's layout.
+    programs="worker/dsv4-worker tools/generate/dsv4-generate tools/make_checkpoint/dsv4-make-checkpoint"
+    bash ../shared/gpu/bundle.sh "$dir" $(cut -d" " -f1 "$dir/tests.txt") $(printf "$build/%s " $programs) > /dev/null
+    for p in $programs; do mkdir -p "$dir/$(dirname "$p")" && mv "$dir/bin/$(basename "$p")" "$dir/$p"; done
     sed -i 's#^[^ ]*/#bin/#' "$dir/tests.txt"
     cat > "$dir/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs the bundled gpu-labelled tests (made by scripts/gpu-tests.sh bundle). Usage: bash DIR/run.sh RESULTS_DIR
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:-/tmp/gpu-tests}; mkdir -p "$out"
-export LD_LIBRARY_PATH=$here/lib DSV4_SOURCE_DIR=$PWD NCCL_NVLS_ENABLE=0
+export LD_LIBRARY_PATH=$here/lib DSV4_SOURCE_DIR=$PWD DSV4_BINARY_DIR=$here NCCL_NVLS_ENABLE=0
 passed=0 failed=0 skipped=0
 while read -r bin filter; do
   name=$(basename "$bin")
