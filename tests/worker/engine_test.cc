@@ -57,7 +57,8 @@ class CollectingSink : public RequestSink {
 struct Harness {
   explicit Harness(int64_t kv_pages, EngineOptions options = {.max_batch = 16, .max_waiting = 64,
                                                             .prefill_chunk = 32, .max_context = 256},
-                   metrics::ServingMetrics* metrics = nullptr) {
+                   metrics::ServingMetrics* metrics = nullptr, FakeModelSpec model = {})
+      : spec(model) {
     auto ex = std::make_unique<FakeExecutor>(spec);
     fake = ex.get();
     auto sizing = PlanKvSizing(*ex, {.page_rows = 4, .max_batch = options.max_batch,
@@ -146,6 +147,30 @@ TEST(Engine, SixteenConcurrentRequestsMatchReference) {
   RunAndCheck(h, reqs);
   EXPECT_GT(h.fake->max_chunks_seen.load(), 4);  // really batched
   EXPECT_EQ(h.PagesUsed(), 0);
+}
+
+TEST(Engine, SamplingInsideTheStepMatchesReference) {
+  // The executor draws the tokens (as the Sample op does): the engine must pass each chunk's parameters with the
+  // right generation index, and padding rows for chunks that do not sample yet.
+  Harness h(256, {.max_batch = 16, .max_waiting = 64, .prefill_chunk = 32, .max_context = 256}, nullptr,
+            FakeModelSpec{.sample_in_step = true});
+  std::mt19937 rng(std::random_device{}());
+  std::vector<dsv4::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    reqs.push_back(MakeRequest(RandomPrompt(rng, 1 + 9 * i), 8 + i, i % 3 ? 0.7f : 0.0f, rng()));
+  }
+  RunAndCheck(h, reqs);
+  EXPECT_EQ(h.PagesUsed(), 0);
+}
+
+TEST(Engine, SamplingInsideTheStepThroughPreemption) {
+  Harness h(10, {.max_batch = 8, .max_waiting = 64, .prefill_chunk = 16, .max_context = 64}, nullptr,
+            FakeModelSpec{.sample_in_step = true});
+  std::mt19937 rng(std::random_device{}());
+  std::vector<dsv4::v1::GenerateRequest> reqs;
+  for (int i = 0; i < 12; ++i) reqs.push_back(MakeRequest(RandomPrompt(rng, 10 + 2 * i), 30, i % 3 ? 0 : 0.9f, rng()));
+  RunAndCheck(h, reqs);
+  EXPECT_GT(h.engine->preemptions(), 0);
 }
 
 TEST(Engine, SeededSamplingRepeats) {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/cpu_sample.h"
 
 namespace dsv4::worker::testing {
 namespace {
@@ -118,6 +119,20 @@ absl::Status FakeExecutor::Forward(std::span<const SeqChunk> chunks, float* logi
     for (size_t j = 0; j < c.tokens.size(); ++j) DSV4_RETURN_IF_ERROR(Token(*c.tables, c.tokens[j], c.start_pos + j));
     DSV4_ASSIGN_OR_RETURN(uint64_t d, Digest(*c.tables, c.start_pos + static_cast<int64_t>(c.tokens.size()) - 1));
     FillLogits(d, spec_.vocab_size, logits + i * spec_.vocab_size);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FakeExecutor::ForwardSample(std::span<const SeqChunk> chunks,
+                                         std::span<const kernels::SampleParams> sampling, int32_t* tokens) {
+  if (!spec_.sample_in_step) return ModelExecutor::ForwardSample(chunks, sampling, tokens);
+  if (sampling.size() != chunks.size()) return absl::InvalidArgumentError("fake: one sampling row per chunk");
+  std::vector<float> logits(chunks.size() * spec_.vocab_size);
+  DSV4_RETURN_IF_ERROR(Forward(chunks, logits.data()));
+  std::vector<uint64_t> scratch(spec_.vocab_size);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const std::span<const float> row(logits.data() + i * spec_.vocab_size, spec_.vocab_size);
+    tokens[i] = sampling[i].temperature < 0 ? -1 : kernels::cpu::SampleRow(row, sampling[i], scratch);
   }
   return absl::OkStatus();
 }

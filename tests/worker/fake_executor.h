@@ -24,6 +24,9 @@ struct FakeModelSpec {
   int vocab_size = 97;
   int window = 8;
   std::vector<int32_t> eos = {1};
+  // Draw tokens inside the step (ForwardSample with the reference sampler, as a backend's Sample op does), so the
+  // engine's path that passes sampling parameters and takes token ids is the one exercised.
+  bool sample_in_step = false;
 };
 
 class FakeExecutor final : public ModelExecutor {
@@ -35,6 +38,9 @@ class FakeExecutor final : public ModelExecutor {
   absl::Status AllocateCache(const std::array<int64_t, kNumPools>& pages, int page_rows, int slots) override;
   absl::Status ResetState(int32_t slot) override;
   absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override;
+  bool SamplesInStep() const override { return spec_.sample_in_step; }
+  absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
+                             int32_t* tokens) override;
 
   // Test hooks (set before or while the engine runs).
   std::atomic<int> fail_forwards{0};       // the next N Forward calls fail with INTERNAL
