@@ -321,9 +321,9 @@ TEST(CudaGraphStep, HostTimePerReplayedStep) {
   std::vector<float> logits(kMax * m->config().vocab_size);
   std::vector<int32_t> tok(kMax, 5);
   std::printf("bucket  prepare_us  launch_us  finish_us  step_us  host share (prepare + launch) / step\n");
+  std::vector<int32_t> pos(kMax, 0);  // each sequence's next position, kept across the buckets
   for (int b : buckets) {
     std::vector<SeqChunk> chunks(b);
-    std::vector<int32_t> pos(b, 0);
     worker::GraphRunner::StepTimes sum;
     const int warm = 5, steps = 50;
     for (int step = 0; step < warm + steps; ++step) {
