@@ -114,13 +114,14 @@ class Dsv4Executor final : public ModelExecutor {
     return m;
   }
 
-  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) override {
+  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets, bool capture) override {
     if (buckets.empty()) {
       runner_.reset();
       return GraphCaptureReport{};
     }
-    if (runner_ == nullptr || runner_->buckets() != buckets) {
-      runner_ = std::make_unique<GraphRunner>(*model_, backend_->device_control(), buckets);
+    kernels::DeviceControl* device = capture ? backend_->device_control() : nullptr;  // null: padded, eager
+    if (runner_ == nullptr || runner_->buckets() != buckets || runner_->device() != device) {
+      runner_ = std::make_unique<GraphRunner>(*model_, device, buckets);
     }
     return runner_->CaptureAll();
   }

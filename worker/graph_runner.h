@@ -18,9 +18,10 @@
 //                                                                  executable is freed      ▼  (replays++)
 //   kInvalid ──CaptureAll again──▶ kCaptured     (meanwhile the bucket's steps run their padded plan eagerly)
 //
-// A step run with eager = true (one the phase timer measures) also runs the padded plan eagerly: every rank of a
-// tensor-parallel group pads the same steps to the same shape, so their collectives pair up whether a rank
-// replays a graph or not. Buckets come from GraphBuckets (worker/options.h) and, in a group, from the leader.
+// A step run with eager = true (one the phase timer measures) also runs the padded plan eagerly, and so does every
+// step with device == null (--cuda-graphs=false): every rank of a tensor-parallel group pads the same steps to the
+// same shape, so their collectives pair up whether a rank replays a graph or not, and graphs on or off compute the
+// same thing. Buckets come from GraphBuckets (worker/options.h) and, in a group, from the leader.
 //
 // Threading: the engine thread (the one that owns the backend's stream), like the model.
 #pragma once
@@ -75,6 +76,7 @@ class GraphRunner {
   const StepTimes& last_step_times() const { return last_; }
 
   const std::vector<int>& buckets() const { return buckets_; }
+  kernels::DeviceControl* device() const { return device_; }
   BucketState state(int bucket) const;
   int64_t replays(int bucket) const;       // graph launches of the bucket so far
   int64_t eager_steps(int bucket) const;   // steps of the bucket run eagerly so far

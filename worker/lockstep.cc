@@ -118,12 +118,13 @@ absl::Status LockstepLeader::Step(std::span<const SeqChunk> chunks, const std::f
   return IsCommFailure(s) ? Broken(s) : s;
 }
 
-absl::StatusOr<GraphCaptureReport> LockstepLeader::CaptureGraphs(const std::vector<int>& buckets) {
+absl::StatusOr<GraphCaptureReport> LockstepLeader::CaptureGraphs(const std::vector<int>& buckets, bool capture) {
   std::lock_guard<std::mutex> lock(mu_);
   comm::StepPlan plan;
   plan.mutable_capture_graphs()->mutable_buckets()->Add(buckets.begin(), buckets.end());
+  plan.mutable_capture_graphs()->set_eager(!capture);
   DSV4_RETURN_IF_ERROR(SendLocked(plan));
-  absl::StatusOr<GraphCaptureReport> report = local_->CaptureGraphs(buckets);
+  absl::StatusOr<GraphCaptureReport> report = local_->CaptureGraphs(buckets, capture);
   if (!report.ok() && IsCommFailure(report.status())) return Broken(report.status());
   return report;
 }
@@ -186,7 +187,7 @@ absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local) {
       }
       case comm::StepPlan::kCaptureGraphs: {
         const auto& op = plan.capture_graphs();
-        s = local.CaptureGraphs(std::vector<int>(op.buckets().begin(), op.buckets().end())).status();
+        s = local.CaptureGraphs(std::vector<int>(op.buckets().begin(), op.buckets().end()), !op.eager()).status();
         break;
       }
       case comm::StepPlan::kForward: {

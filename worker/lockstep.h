@@ -62,7 +62,7 @@ class LockstepLeader final : public ModelExecutor {
   absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
                              int32_t* tokens) override;
   // Broadcast like the steps: every rank captures the same buckets (and so pads decode steps alike).
-  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) override;
+  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets, bool capture) override;
   ExecutorMemory Memory() override { return local_->Memory(); }
   metrics::PhaseTimer* phase_timer() override { return local_->phase_timer(); }
 

@@ -59,7 +59,7 @@ ABSL_FLAG(int, device, kDefaults.device, "GPU ordinal (cuda backend)");
 ABSL_FLAG(std::string, attention_kernel, kDefaults.attention_kernel,
           "cuda: sparse-MLA decode kernel of the FP8 attention, mma | simt");
 ABSL_FLAG(bool, cuda_graphs, kDefaults.cuda_graphs,
-          "cuda: decode-only steps replay one CUDA graph per batch bucket (false: every step runs eagerly)");
+          "cuda: decode-only steps replay one CUDA graph per batch bucket (false: the same padded steps run eagerly)");
 ABSL_FLAG(double, gpu_memory_fraction, kDefaults.gpu_memory_fraction,
           "cuda: share of the GPU's memory for weights, workspace, graphs and KV pools (the pools take the rest)");
 ABSL_FLAG(int, max_batch, kDefaults.max_batch, "running requests at most");
@@ -237,7 +237,8 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
                                                       .mem_fraction = o.mem_fraction,
                                                       .available_bytes = AvailableHostBytes()},
                                                .gpu_memory_fraction = o.gpu_memory_fraction,
-                                               .graph_buckets = GraphBuckets(o)}));
+                                               .graph_buckets = GraphBuckets(o),
+                                               .capture_graphs = o.cuda_graphs}));
   DSV4_LOG_INFO("KV pools: {}", plan.sizing.ToString());
   if (!plan.graphs.buckets.empty()) DSV4_LOG_INFO("CUDA graphs: {}", plan.graphs.ToString());
   load->capture_seconds = plan.graphs.seconds;

@@ -47,7 +47,7 @@ absl::StatusOr<MemoryPlan> PlanHost(ModelExecutor& ex, const MemoryPlanRequest& 
   MemoryPlan plan;
   DSV4_ASSIGN_OR_RETURN(plan.sizing, PlanKvSizing(ex, r.kv));
   DSV4_RETURN_IF_ERROR(ex.AllocateCache(plan.sizing.pages, plan.sizing.page_rows, plan.sizing.max_slots));
-  DSV4_ASSIGN_OR_RETURN(plan.graphs, ex.CaptureGraphs(r.graph_buckets));
+  DSV4_ASSIGN_OR_RETURN(plan.graphs, ex.CaptureGraphs(r.graph_buckets, r.capture_graphs));
   plan.budget_bytes = static_cast<int64_t>(r.kv.mem_fraction * static_cast<double>(r.kv.available_bytes));
   plan.max_context_seqs = MaxSequencesAt(ex, plan.sizing, r.kv.max_context);
   const ExecutorMemory m = ex.Memory();
@@ -74,7 +74,8 @@ absl::StatusOr<MemoryPlan> PlanDevice(ModelExecutor& ex, const MemoryPlanRequest
   }
   const ExecutorMemory probe = ex.Memory();
   const int64_t used_without_pools = (probe.device_total - probe.device_free) - probe.kv_cache;
-  const int64_t graph_reserve = r.graph_reserve_per_bucket * static_cast<int64_t>(r.graph_buckets.size());
+  const int64_t graphs = r.capture_graphs ? static_cast<int64_t>(r.graph_buckets.size()) : 0;
+  const int64_t graph_reserve = r.graph_reserve_per_bucket * graphs;
   // 2. The pools' budget: the fraction's rest, and never more than the device has free.
   const int64_t by_fraction = plan.budget_bytes - used_without_pools - graph_reserve;
   const int64_t by_free = probe.device_free + probe.kv_cache - graph_reserve;
@@ -91,7 +92,7 @@ absl::StatusOr<MemoryPlan> PlanDevice(ModelExecutor& ex, const MemoryPlanRequest
         "CUDA context and %.1f MiB reserved for %d graphs; --max-batch %d windows plus one request of --max-context "
         "%d need %.1f MiB (raise the fraction, or lower --max-batch / --max-context)",
         r.gpu_memory_fraction, loaded.device_total / 1048576.0, pools_budget / 1048576.0,
-        used_without_pools / 1048576.0, graph_reserve / 1048576.0, static_cast<int>(r.graph_buckets.size()),
+        used_without_pools / 1048576.0, graph_reserve / 1048576.0, static_cast<int>(graphs),
         r.kv.max_batch, static_cast<int>(r.kv.max_context), minimal.total_bytes() / 1048576.0));
   }
   KvSizingRequest kv = r.kv;
@@ -100,7 +101,7 @@ absl::StatusOr<MemoryPlan> PlanDevice(ModelExecutor& ex, const MemoryPlanRequest
   DSV4_ASSIGN_OR_RETURN(plan.sizing, PlanKvSizing(ex, kv));
   DSV4_RETURN_IF_ERROR(ex.AllocateCache(plan.sizing.pages, plan.sizing.page_rows, plan.sizing.max_slots));
   // 4. The graphs, last: they record the final addresses.
-  DSV4_ASSIGN_OR_RETURN(plan.graphs, ex.CaptureGraphs(r.graph_buckets));
+  DSV4_ASSIGN_OR_RETURN(plan.graphs, ex.CaptureGraphs(r.graph_buckets, r.capture_graphs));
   if (plan.graphs.device_bytes > graph_reserve) {
     DSV4_LOG_WARN("CUDA graphs took {:.1f} MiB, more than the {:.1f} MiB reserved for them: the worker uses that much "
                   "beyond --gpu-memory-fraction", plan.graphs.device_bytes / 1048576.0, graph_reserve / 1048576.0);

@@ -29,7 +29,8 @@ namespace dsv4::worker {
 struct MemoryPlanRequest {
   KvSizingRequest kv;               // page_rows, max_batch, max_context, kv_pages; cpu: mem_fraction, available_bytes
   double gpu_memory_fraction = 0.9;  // device backends
-  std::vector<int> graph_buckets;    // GraphBuckets(options); empty: no graphs
+  std::vector<int> graph_buckets;    // GraphBuckets(options): decode steps pad to them; empty: no padding
+  bool capture_graphs = true;        // --cuda-graphs: one CUDA graph per bucket (false: padded steps run eagerly)
   int64_t graph_reserve_per_bucket = int64_t{16} << 20;  // device bytes set aside per graph before capture
 };
 

@@ -87,10 +87,11 @@ class ModelExecutor {
 
   // What the backend holds (and the device's memory); the default reports nothing (a fake executor).
   virtual ExecutorMemory Memory() { return {}; }
-  // After AllocateCache: one CUDA graph per decode bucket (ascending). From then on a decode-only step of n <= the
-  // largest bucket sequences is padded to the smallest bucket >= n - on every rank of a group, graphs or not - and
-  // replays that bucket's graph. A backend without graphs captures nothing; empty buckets: no padding, all eager.
-  virtual absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) {
+  // After AllocateCache: decode buckets (ascending). From then on a decode-only step of n <= the largest bucket
+  // sequences is padded to the smallest bucket >= n - on every rank of a group alike - and, with `capture`, replays
+  // that bucket's CUDA graph, captured now; without (--cuda-graphs=false), or on a backend without graphs, the
+  // padded step runs eagerly. Empty buckets: no padding.
+  virtual absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets, bool capture = true) {
     return GraphCaptureReport{};
   }
   // The timer the engine brackets each step with (BeginStep / EndStep; the forward marks the phases inside),

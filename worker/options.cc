@@ -91,7 +91,7 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
 
 std::vector<int> GraphBuckets(const WorkerOptions& o) {
   std::vector<int> buckets;
-  if (o.backend != "cuda" || !o.cuda_graphs) return buckets;
+  if (o.backend != "cuda") return buckets;
   // Dense where decode batches usually are, coarser above: a decode step of n sequences pads to the first bucket
   // >= n, so the waste is at most one step of the ladder; beyond 128, steps of 64 keep the graph count bounded.
   for (int b : {1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128}) {

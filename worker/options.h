@@ -17,7 +17,8 @@ struct WorkerOptions {
   std::string backend = "cpu";             // --backend: cpu | cuda
   int device = 0;                          // --device: GPU ordinal (cuda)
   std::string attention_kernel = "mma";    // --attention-kernel: cuda sparse-MLA decode kernel, mma | simt
-  bool cuda_graphs = true;                 // --cuda-graphs: decode steps replay per-bucket CUDA graphs (cuda)
+  bool cuda_graphs = true;                 // --cuda-graphs: decode steps replay per-bucket CUDA graphs (cuda);
+                                           // false: the same padded steps, launched eagerly
   double gpu_memory_fraction = 0.9;        // --gpu-memory-fraction: share of the GPU's memory this worker uses
   int max_batch = 32;                      // --max-batch: running requests at most
   int max_waiting = 256;                   // --max-waiting: queued requests before RESOURCE_EXHAUSTED
@@ -56,7 +57,8 @@ struct WorkerOptions {
 absl::Status ValidateOptions(const WorkerOptions& options);
 
 // The CUDA-graph decode buckets for --max-batch (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, then steps of
-// 64), the last one exactly max_batch; empty with --cuda-graphs=false or --backend cpu.
+// 64), the last one exactly max_batch; empty for --backend cpu. Decode steps are padded to them with
+// --cuda-graphs=false too (then run eagerly), so turning graphs off changes nothing but the launches.
 std::vector<int> GraphBuckets(const WorkerOptions& options);
 
 // One line naming the options that matter for a deployment (printed by --validate-only and at start-up).

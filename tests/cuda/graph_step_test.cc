@@ -61,7 +61,8 @@ std::unique_ptr<Dsv4Model> Load(NumericMode mode) {
 struct Diff {
   double max_abs = 0, max_ref = 0;
   int64_t first_diff = -1;  // first index not bit-identical
-  int argmax_mismatch = 0;
+  int argmax_mismatch = 0;  // rows whose argmax differs
+  int argmax_not_tie = 0;   // of those, rows where want's logits of the two tokens differ by > 2e-3 of max|logit|
 };
 
 Diff Compare(const std::vector<float>& got, const std::vector<float>& want, int64_t rows, int64_t V) {
@@ -69,7 +70,13 @@ Diff Compare(const std::vector<float>& got, const std::vector<float>& want, int6
   for (int64_t r = 0; r < rows; ++r) {
     const float* g = &got[r * V];
     const float* w = &want[r * V];
-    d.argmax_mismatch += (std::max_element(g, g + V) - g) != (std::max_element(w, w + V) - w);
+    const int64_t ag = std::max_element(g, g + V) - g, aw = std::max_element(w, w + V) - w;
+    double row_max = 0;
+    for (int64_t v = 0; v < V; ++v) row_max = std::max<double>(row_max, std::fabs(w[v]));
+    if (ag != aw) {
+      ++d.argmax_mismatch;
+      d.argmax_not_tie += std::fabs(static_cast<double>(w[ag]) - w[aw]) > 2e-3 * row_max;
+    }
     for (int64_t v = 0; v < V; ++v) {
       if (d.first_diff < 0 && std::memcmp(&g[v], &w[v], 4) != 0) d.first_diff = r * V + v;
       d.max_abs = std::isnan(g[v]) ? INFINITY : std::max<double>(d.max_abs, std::fabs(g[v] - w[v]));
@@ -160,10 +167,11 @@ TEST(CudaGraphStep, PaddedDecodeMatchesForward) {
     const absl::Status s = m->FinishStep(got.data(), k);
     ASSERT_TRUE(s.ok()) << s;
     const Diff d = Compare(got, want, k, V);
-    std::printf("step %d: padded to 8 vs unpadded %d: max |diff| %.3e (max |logit| %.3e), argmax mismatches %d%s\n",
-                step, k, d.max_abs, d.max_ref, d.argmax_mismatch, d.first_diff < 0 ? ", bit-identical" : "");
+    std::printf("step %d: padded to 8 vs unpadded %d: max |diff| %.3e (max |logit| %.3e), argmax mismatches %d "
+                "(%d not at a near tie)%s\n", step, k, d.max_abs, d.max_ref, d.argmax_mismatch, d.argmax_not_tie,
+                d.first_diff < 0 ? ", bit-identical" : "");
     EXPECT_LE(d.max_abs, 1e-3 * d.max_ref) << "step " << step;
-    EXPECT_EQ(d.argmax_mismatch, 0) << "step " << step;
+    EXPECT_EQ(d.argmax_not_tie, 0) << "step " << step << ": a token differs where the logits are not nearly tied";
   }
 }
 

@@ -1,5 +1,7 @@
 // dsv4-worker --backend cuda as a process on loopback, on the tiny checkpoint made at test time (issue 15): greedy
-// tokens equal `dsv4-generate --backend cuda` alone and with 16 requests in flight; a worker replaying CUDA graphs
+// tokens equal `dsv4-generate --backend cuda` alone and with 16 requests in flight (a batch rounds differently from
+// a single sequence on the GPU, so a stream may part from the reference at a near tie of its logits and nowhere
+// else: greedy_check.h); a worker replaying CUDA graphs
 // streams exactly the tokens of one running every step eagerly (--cuda-graphs=false), greedy and seeded sampling
 // (the Sample op inside the step), for batches that land in several buckets; cancel frees pages; a burst beyond the pages completes with preemption; bad inputs get
 // INVALID_ARGUMENT; phase times and start-up gauges come from the GPU; the start-up log has the memory table and
@@ -25,6 +27,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/worker/greedy_check.h"
 #include "tests/worker/process_util.h"
 #include "tests/worker/worker_client.h"
 
@@ -113,6 +116,11 @@ class GpuWorkerTest : public ::testing::Test {
   static std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_new) {
     return ReferenceTokens(*checkpoint_, prompt, max_new, {"--backend", "cuda"});
   }
+  // got == want, or parting only at a near tie of dsv4-generate --backend cuda's logits (greedy_check.h).
+  static absl::Status Same(const std::vector<int32_t>& prompt, const std::vector<int32_t>& got,
+                           const std::vector<int32_t>& want) {
+    return SameGreedyTokens(*checkpoint_, prompt, got, want, {"--backend", "cuda"}, *dir_);
+  }
 
   static std::string* skip_;
   static std::string* dir_;
@@ -145,8 +153,8 @@ TEST_F(GpuWorkerTest, GreedyEqualsGenerateCuda) {
     for (Worker* w : {graphs_, eager_}) {
       const Stream s = Generate(w->stub.get(), Request(prompt, 10));
       ASSERT_TRUE(s.status.ok()) << s.status.error_message() << " (log " << w->log << ")";
-      EXPECT_EQ(s.tokens, want) << "prompt length " << n << ", worker log " << w->log << ": worker "
-                                << Tokens(s.tokens) << " vs dsv4-generate --backend cuda " << Tokens(want);
+      const absl::Status same = Same(prompt, s.tokens, want);
+      EXPECT_TRUE(same.ok()) << "prompt length " << n << ", worker log " << w->log << ": " << same;
       EXPECT_EQ(s.last.finish_reason(), dsv4::v1::FINISH_REASON_LENGTH);
     }
   }
@@ -160,8 +168,8 @@ TEST_F(GpuWorkerTest, SixteenInFlightEqualGenerateCuda) {
   for (int i = 0; i < 16; ++i) {
     ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message() << " (log " << graphs_->log << ")";
     const std::vector<int32_t> want = Reference(Prompt(2 + 5 * i, 100 + i), 4 + i % 5);
-    EXPECT_EQ(got[i].tokens, want) << "request " << i << ": worker " << Tokens(got[i].tokens)
-                                   << " vs dsv4-generate --backend cuda " << Tokens(want);
+    const absl::Status same = Same(Prompt(2 + 5 * i, 100 + i), got[i].tokens, want);
+    EXPECT_TRUE(same.ok()) << "request " << i << " of 16 in flight: " << same;
   }
   EXPECT_TRUE(WaitPagesFree(graphs_->stub.get()));
 }
@@ -179,9 +187,16 @@ TEST_F(GpuWorkerTest, GraphReplayEqualsEagerTokenForToken) {
     for (int i = 0; i < n; ++i) {
       ASSERT_TRUE(replayed[i].status.ok()) << replayed[i].status.error_message() << " (log " << graphs_->log << ")";
       ASSERT_TRUE(eager[i].status.ok()) << eager[i].status.error_message() << " (log " << eager_->log << ")";
-      EXPECT_EQ(replayed[i].tokens, eager[i].tokens)
-          << n << " in flight, request " << i << ": graphs " << Tokens(replayed[i].tokens) << " vs eager "
-          << Tokens(eager[i].tokens);
+      if (i % 2 == 1) {  // sampled: a different draw would need a weight boundary within rounding of the target
+        EXPECT_EQ(replayed[i].tokens, eager[i].tokens)
+            << n << " in flight, sampled request " << i << ": graphs " << Tokens(replayed[i].tokens) << " vs eager "
+            << Tokens(eager[i].tokens);
+        continue;
+      }
+      // Both pad decode steps to the same buckets, but the two workers may batch the same requests differently
+      // (arrival order), so the greedy streams may part at a near tie and nowhere else.
+      const absl::Status same = Same(Prompt(3 + 7 * i, 500 + n + i), replayed[i].tokens, eager[i].tokens);
+      EXPECT_TRUE(same.ok()) << n << " in flight, greedy request " << i << " (graphs vs eager): " << same;
     }
   }
 }
@@ -230,8 +245,8 @@ TEST_F(GpuWorkerTest, BurstBeyondPagesCompletesWithPreemption) {
   for (int i = 0; i < 6; ++i) {
     ASSERT_TRUE(got[i].status.ok()) << got[i].status.error_message() << " (log " << small->log << ")";
     const std::vector<int32_t> want = Reference(Prompt(30 + 4 * i, 50 + i), 60);
-    EXPECT_EQ(got[i].tokens, want) << "request " << i << ": worker " << Tokens(got[i].tokens)
-                                   << " vs dsv4-generate --backend cuda " << Tokens(want);
+    const absl::Status same = Same(Prompt(30 + 4 * i, 50 + i), got[i].tokens, want);
+    EXPECT_TRUE(same.ok()) << "request " << i << " of the burst (log " << small->log << "): " << same;
   }
   EXPECT_TRUE(WaitPagesFree(small->stub.get()));
   EXPECT_THAT(ReadFile(small->log), HasSubstr("preempted")) << "the burst never ran short of pages: " << small->log;

@@ -53,9 +53,10 @@ class FakeDeviceExecutor final : public ModelExecutor {
     return {.backend = "fake-gpu", .device = true, .device_total = total, .device_free = total - Used(),
             .weights = weights, .kv_cache = kv_, .state = 0, .workspace = cached_ ? workspace : 0};
   }
-  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets) override {
+  absl::StatusOr<GraphCaptureReport> CaptureGraphs(const std::vector<int>& buckets, bool capture) override {
     captures.push_back(buckets);
     GraphCaptureReport r;
+    if (!capture) return r;  // padded steps, no graphs
     for (int b : buckets) r.buckets.push_back({.bucket = b, .capture_seconds = 0.001, .nodes = 10});
     graphs_ = graph_bytes_each * static_cast<int64_t>(buckets.size());
     r.device_bytes = graphs_;
@@ -100,6 +101,18 @@ TEST(MemoryPlan, PoolsTakeTheFractionsRestThenGraphsAreCaptured) {
   EXPECT_THAT(plan->table, HasSubstr("max concurrent sequences at --max-context 4096"));
   EXPECT_GT(plan->max_context_seqs, 8);
   std::printf("%s\n", plan->table.c_str());
+}
+
+TEST(MemoryPlan, WithoutGraphsNothingIsReservedForThem) {
+  FakeDeviceExecutor with, without;
+  MemoryPlanRequest r = Request(0.5);
+  r.kv.max_batch = 4096;
+  absl::StatusOr<MemoryPlan> a = PlanMemory(with, r);
+  r.capture_graphs = false;
+  absl::StatusOr<MemoryPlan> b = PlanMemory(without, r);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " / " << b.status();
+  EXPECT_EQ(b->graphs.device_bytes, 0);
+  EXPECT_GT(b->sizing.total_bytes(), a->sizing.total_bytes() + 60 * kMiB) << "the 64 MiB reserve went to the pools";
 }
 
 TEST(MemoryPlan, TooSmallAFractionIsRefusedNamingTheFlags) {

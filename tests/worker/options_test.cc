@@ -65,8 +65,7 @@ TEST(WorkerOptions, GraphBucketsEndAtMaxBatch) {
   o.max_batch = 300;
   EXPECT_THAT(GraphBuckets(o), ElementsAre(1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 192, 256, 300));
   o.cuda_graphs = false;
-  EXPECT_TRUE(GraphBuckets(o).empty());
-  o.cuda_graphs = true;
+  EXPECT_EQ(GraphBuckets(o).size(), 16u) << "graphs off still pads decode steps to the buckets";
   o.backend = "cpu";
   EXPECT_TRUE(GraphBuckets(o).empty()) << "the CPU backend has no graphs";
 }

@@ -1,7 +1,7 @@
 // Tensor-parallel groups on GPUs (issue 15 §5): world T = 2, 4 and 8 groups of dsv4-worker --backend cuda processes,
 // rank r on GPU r, with the forward's collectives on NCCL inside the ranks' CUDA graphs (step plans on Gloo),
 // stream the same greedy tokens as a world-1 CUDA worker - one long prompt alone, then 6 requests in flight (decode
-// buckets 8, 4, ...); a follower SIGKILLed mid-stream ends the stream with UNAVAILABLE and turns the leader
+// buckets 8, 4, ...) - parting, if at all, only at a near tie of the reference logits (greedy_check.h); a follower SIGKILLed mid-stream ends the stream with UNAVAILABLE and turns the leader
 // NOT_SERVING within the collective deadline instead of hanging. Each case skips, saying so, below T GPUs. Label gpu.
 // Processes talk over loopback only (NCCL_SOCKET_IFNAME=lo); NCCL_NVLS_ENABLE=0 as in production.
 #include <cuda_runtime_api.h>
@@ -23,6 +23,7 @@
 #include "dsv4/v1/worker.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/worker/greedy_check.h"
 #include "tests/worker/process_util.h"
 #include "tests/worker/worker_client.h"
 
@@ -45,8 +46,6 @@ int FreePort() {
   close(fd);
   return ntohs(addr.sin_port);
 }
-
-std::string Tokens(const std::vector<int32_t>& t) { return absl::StrCat("[", absl::StrJoin(t, ","), "]"); }
 
 struct Group {
   std::optional<ChildProcess> leader;
@@ -147,16 +146,18 @@ TEST_P(TpGpuTest, GroupStreamsTheTokensOfWorldOne) {
   ASSERT_TRUE(group.ok()) << group.status();
   const Stream got_long = Generate(group->stub.get(), Request(prompt, 24));
   ASSERT_TRUE(got_long.status.ok()) << got_long.status.error_message() << " (" << group->Logs() << ")";
-  EXPECT_EQ(got_long.tokens, want_long.tokens) << "world " << world << " " << Tokens(got_long.tokens)
-                                               << " vs world 1 " << Tokens(want_long.tokens) << " ("
-                                               << group->Logs() << ")";
+  // The group sums partial results across ranks: the streams may part at a near tie only (greedy_check.h).
+  const absl::Status same_long = SameGreedyTokens(checkpoint_, prompt, got_long.tokens, want_long.tokens,
+                                                  {"--backend", "cuda"}, *dir_);
+  EXPECT_TRUE(same_long.ok()) << "world " << world << " vs world 1: " << same_long << " (" << group->Logs() << ")";
   const std::vector<Stream> got_batch = GenerateAll(group->stub.get(), Batch());
   for (size_t i = 0; i < got_batch.size(); ++i) {
     ASSERT_TRUE(got_batch[i].status.ok()) << got_batch[i].status.error_message() << " (" << group->Logs() << ")";
     ASSERT_TRUE(want_batch[i].status.ok()) << want_batch[i].status.error_message();
-    EXPECT_EQ(got_batch[i].tokens, want_batch[i].tokens)
-        << "world " << world << ", request " << i << " of 6 in flight: " << Tokens(got_batch[i].tokens)
-        << " vs world 1 " << Tokens(want_batch[i].tokens) << " (" << group->Logs() << ")";
+    const absl::Status same = SameGreedyTokens(checkpoint_, Prompt(20 + 37 * i, 300 + i), got_batch[i].tokens,
+                                               want_batch[i].tokens, {"--backend", "cuda"}, *dir_);
+    EXPECT_TRUE(same.ok()) << "world " << world << ", request " << i << " of 6 in flight vs world 1: " << same
+                           << " (" << group->Logs() << ")";
   }
 }
 
