@@ -3,10 +3,11 @@
 // copy (tokens, positions, block tables, sampling parameters), one graph launch and one copy of the sampled token
 // ids (or of the logits, for a caller that samples itself). Prefill and mixed steps run eagerly.
 //
-// The model stays free of CUDA: a graph is Dsv4Model::EnqueueStep(StepShape::Decode(b)) recorded through the
-// backend's optional DeviceControl (kernels/device_control.h). Because EnqueueStep reads everything that changes
-// from step to step (tokens, positions, block tables, slots) from the plan in device memory, a replay after
-// PrepareStep(chunks, Decode(b)) runs exactly the step an eager EnqueueStep would.
+// The model stays free of CUDA: a graph is Dsv4Model::EnqueueStep(StepShape::Decode(b), sample = true) recorded
+// through the backend's optional DeviceControl (kernels/device_control.h). Because EnqueueStep reads everything
+// that changes from step to step (tokens, positions, block tables, slots, sampling parameters) from the plan in
+// device memory, a replay after PrepareStep(chunks, Decode(b), sampling) runs exactly the step an eager
+// EnqueueStep would.
 //
 // Lifecycle of one bucket's graph (BucketState):
 //
@@ -14,7 +15,7 @@
 //     │                                                                                     │  │       │
 //     └─ the capture fails: CaptureAll returns the error naming    InvalidateAll: the model │  └───────┘
 //        the bucket (start-up fails; health never SERVING)         re-planned its memory    │  RunDecode: plan in,
-//                                                                  (AllocateCache); the     │  launch, logits out
+//                                                                  (AllocateCache); the     │  launch, tokens out
 //                                                                  executable is freed      ▼  (replays++)
 //   kInvalid ──CaptureAll again──▶ kCaptured     (meanwhile the bucket's steps run their padded plan eagerly)
 //
