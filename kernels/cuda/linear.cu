@@ -19,6 +19,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/linear_params.h"
@@ -276,6 +277,299 @@ __global__ void __launch_bounds__(NW == 1 ? 512 : 256) LinearMmaKernel(const Lin
   }
 }
 
+// ---- kSplitK: the decode kernel -------------------------------------------------------------------------------
+//
+// Same MMA mapping as LinearMmaKernel (thread (g, q) owns elements [16q, 16q + 16) of each 64-wide step), but:
+//  - x is staged once per block: the block's token tile x its K slice, rounded to bf16, in shared memory with a
+//    row pitch of k_slice + 4 elements (8 bytes past a multiple of 128 bytes), so the B fragments' 8-byte reads
+//    (token g, elements 16q + 4j .. +3) of a half-warp hit 16 distinct bank pairs;
+//  - each warp keeps kRing steps of weights in flight (a register ring issued before x is staged, each slot
+//    re-issued kRing steps ahead as soon as it is converted);
+//  - K is split over warps_k warps of a block and over the `cluster` blocks of a thread-block cluster (grid x =
+//    cluster rank = K slice); every warp parks its partial sums in its block's shared memory, each block adds
+//    its warps' sums (warp 0..warps_k-1), and after a cluster barrier the cluster's threads add the blocks' sums
+//    (rank 0..cluster-1, distributed shared memory reads): a fixed order, so the result is deterministic.
+// Grid: (cluster, token tiles of 8*NW, groups * row blocks of 16*MW*warps_m rows).
+
+// Weight steps in flight per warp: 16 registers x 4 bytes x 2 row halves of raw weights per lane and tile.
+template <LinearKernelFormat F, int MW>
+constexpr int kRing = 16 / (MW * kRawWords<F>) > 0 ? 16 / (MW * kRawWords<F>) : 1;
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Barrier over every thread of the cluster; the arrive releases and the wait acquires the blocks' shared memory.
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// The float at `local`'s offset in the shared memory of cluster block `rank`.
+__device__ __forceinline__ float LoadClusterShared(const float* local, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SharedAddress(local)), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  (void)rank;
+  __trap();
+  return *local;
+#endif
+}
+
+// Four x elements [k, k + 4) of row `off` (element offset of the row's group start) as two bf16x2 words; zeros
+// past Kin.
+__device__ __forceinline__ uint2 LoadX4(const LinearParams& p, int64_t off, int64_t k) {
+  uint2 out{0u, 0u};
+  if (p.vec && k + 4 <= p.k) {
+    if (p.x_bf16) {
+      out = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + off + k));
+    } else {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + off + k));
+      out.x = PackBf16x2(v.x, v.y);
+      out.y = PackBf16x2(v.z, v.w);
+    }
+    return out;
+  }
+  float v[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[e] = 0.f;
+    if (k + e < p.k) {
+      v[e] = p.x_bf16 ? __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(p.x)[off + k + e]))
+                      : static_cast<const float*>(p.x)[off + k + e];
+    }
+  }
+  out.x = PackBf16x2(v[0], v[1]);
+  out.y = PackBf16x2(v[2], v[3]);
+  return out;
+}
+
+template <LinearKernelFormat F, int MW, int NW>
+__global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const LinearParams p) {
+  extern __shared__ __align__(16) unsigned char split_smem[];
+  constexpr int kRaw = kRawWords<F>;
+  constexpr int kAcc = MW * NW * 4;
+  constexpr int kTokens = 8 * NW;
+  constexpr int kD = kRing<F, MW>;
+  constexpr int64_t kEsize = F == LinearKernelFormat::kFp8 ? 1 : 2;
+  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m, cluster = p.plan.cluster;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wk = warp % warps_k, wm = warp / warps_k;
+  const int g = lane >> 2, q = lane & 3;
+  const int rank = static_cast<int>(blockIdx.x);  // cluster (1, 1, cluster) x = rank: this block's K slice
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kTokens;
+  const int64_t rows_per_block = int64_t{16} * MW * warps_m;
+  const int64_t row_blocks = (p.n + rows_per_block - 1) / rows_per_block;
+  const int64_t grp = blockIdx.z / row_blocks;
+  const int64_t row0 = (blockIdx.z % row_blocks) * rows_per_block + int64_t{16} * MW * wm;
+  const int64_t slice_steps = p.plan.k_slice / kStepK;
+  const int64_t steps = (p.k + kStepK - 1) / kStepK;
+  const int64_t s_begin = rank * slice_steps;
+  const int64_t block_steps = s_begin >= steps ? 0 : (steps - s_begin < slice_steps ? steps - s_begin : slice_steps);
+  const int my_steps = block_steps > wk ? static_cast<int>((block_steps - wk + warps_k - 1) / warps_k) : 0;
+
+  // Rows row0 + 16 i + g + 8 h of this group (h = 0: "lo", 1: "hi").
+  const void* rows[MW][2];
+  bool row_ok[MW][2];
+#pragma unroll
+  for (int i = 0; i < MW; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row0 + 16 * i + g + 8 * h;
+      row_ok[i][h] = r < p.n;
+      rows[i][h] = static_cast<const uint8_t*>(p.w) + (grp * p.n + (row_ok[i][h] ? r : 0)) * p.k * kEsize;
+    }
+  }
+  // Step (64-wide, global) of this warp's local step `it`, and the K element of this thread's 16 in it.
+  auto step_of = [&](int it) { return s_begin + wk + static_cast<int64_t>(it) * warps_k; };
+  auto step_k = [&](int it) { return step_of(it) * kStepK + 16 * q; };
+
+  // The first kD steps' weights are requested before x is staged, so they fly meanwhile.
+  uint32_t ring[kD][MW][2][kRaw];
+#pragma unroll
+  for (int d = 0; d < kD; ++d) {
+    if (d < my_steps) {
+#pragma unroll
+      for (int i = 0; i < MW; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) LoadWeights<F>(p, rows[i][h], row_ok[i][h], step_k(d), ring[d][i][h]);
+    }
+  }
+
+  // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin), 4 elements per thread and pass.
+  uint16_t* xs = reinterpret_cast<uint16_t*>(split_smem);
+  const int64_t pitch = p.plan.k_slice + 4;
+  {
+    const int64_t quads = p.plan.k_slice / 4;
+    const int64_t k_base = s_begin * kStepK;
+    for (int64_t idx = threadIdx.x; idx < kTokens * quads; idx += blockDim.x) {
+      const int64_t r = idx / quads, c = (idx % quads) * 4;
+      const int64_t t = tok0 + r, k = k_base + c;
+      uint2 v{0u, 0u};
+      if (t < p.t && k < p.k) v = LoadX4(p, t * p.x_stride + grp * p.k, k);
+      *reinterpret_cast<uint2*>(xs + r * pitch + c) = v;
+    }
+  }
+  __syncthreads();
+
+  float acc[MW][NW][4];
+#pragma unroll
+  for (int i = 0; i < MW; ++i)
+#pragma unroll
+    for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][jn][c] = 0.f;
+
+  for (int base = 0; base < my_steps; base += kD) {
+#pragma unroll
+    for (int d = 0; d < kD; ++d) {
+      const int it = base + d;
+      if (it < my_steps) {
+        const int64_t s = step_of(it);
+        uint32_t a[MW][2][8];
+#pragma unroll
+        for (int i = 0; i < MW; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) WeightsToBf16<F>(ring[d][i][h], a[i][h]);
+        if (it + kD < my_steps) {
+#pragma unroll
+          for (int i = 0; i < MW; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) LoadWeights<F>(p, rows[i][h], row_ok[i][h], step_k(it + kD), ring[d][i][h]);
+        }
+        float part[MW][NW][4];
+#pragma unroll
+        for (int i = 0; i < MW; ++i)
+#pragma unroll
+          for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) part[i][jn][c] = 0.f;
+        const uint16_t* xk = xs + (s - s_begin) * kStepK + 16 * q + g * pitch;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int jn = 0; jn < NW; ++jn) {
+            const uint2 b = *reinterpret_cast<const uint2*>(xk + 8 * jn * pitch + 4 * j);
+#pragma unroll
+            for (int i = 0; i < MW; ++i)
+              Mma16816(part[i][jn], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1], b.x, b.y);
+          }
+        }
+        // Per-row scale of this 64-wide step (1 for BF16), in fp32.
+#pragma unroll
+        for (int i = 0; i < MW; ++i) {
+          float sc[2] = {1.f, 1.f};
+          if constexpr (F == LinearKernelFormat::kFp8) {
+            const int64_t col = (s * kStepK) / kScaleBlock;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int64_t r = grp * p.n + row0 + 16 * i + g + 8 * h;
+              sc[h] = row_ok[i][h] ? __ldg(p.scale + (r / kScaleBlock) * p.scale_cols + col) : 0.f;
+            }
+          }
+#pragma unroll
+          for (int jn = 0; jn < NW; ++jn) {
+            acc[i][jn][0] += sc[0] * part[i][jn][0];
+            acc[i][jn][1] += sc[0] * part[i][jn][1];
+            acc[i][jn][2] += sc[1] * part[i][jn][2];
+            acc[i][jn][3] += sc[1] * part[i][jn][3];
+          }
+        }
+      }
+    }
+  }
+
+  // c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
+  if (warps_k * cluster == 1) {
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
+          const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
+          if (r < p.n && t < p.t) p.y[t * p.y_stride + grp * p.n + r] = acc[i][jn][c];
+        }
+    return;
+  }
+
+  // Split: every warp parks its partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c). Then, in a fixed
+  // order: each block adds its warps_k warps' sums (in place, into warp (wm, 0)'s slot), and after a cluster
+  // barrier the cluster adds the blocks' sums in rank order (distributed shared memory). All loads of a sum are
+  // issued before its adds, so a sum costs one load latency, not one per term.
+  float* red = reinterpret_cast<float*>(split_smem + ((kTokens * pitch * 2 + 15) / 16) * 16);
+  {
+    float* dst = red + static_cast<int64_t>(wm * warps_k + wk) * kAcc * 32 + lane;
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dst[32 * ((i * NW + jn) * 4 + c)] = acc[i][jn][c];
+  }
+  __syncthreads();
+  const int64_t block_row0 = (blockIdx.z % row_blocks) * rows_per_block;
+  const int total = warps_m * kAcc * 32;
+  // Element e of the block's tile: warp row em, accumulator v, lane el -> output (row r, token t), or false.
+  auto element = [&](int e, int& em, int& v, int& el, int64_t& r, int64_t& t) {
+    em = e / (kAcc * 32), v = (e / 32) % kAcc, el = e % 32;
+    const int i = v / (NW * 4), jn = (v / 4) % NW, c = v % 4;
+    r = block_row0 + int64_t{16} * MW * em + 16 * i + (el >> 2) + 8 * (c / 2);
+    t = tok0 + 8 * jn + 2 * (el & 3) + (c % 2);
+    return r < p.n && t < p.t;
+  };
+  if (warps_k > 1) {
+    for (int e = static_cast<int>(threadIdx.x); e < total; e += static_cast<int>(blockDim.x)) {
+      int em, v, el;
+      int64_t r, t;
+      if (!element(e, em, v, el, r, t)) continue;
+      float part[kSplitWarps];
+#pragma unroll
+      for (int w = 0; w < kSplitWarps; ++w) {
+        part[w] = w < warps_k ? red[(static_cast<int64_t>(em * warps_k + w) * kAcc + v) * 32 + el] : 0.f;
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kSplitWarps; ++w) {
+        if (w < warps_k) sum += part[w];
+      }
+      if (cluster == 1) {
+        p.y[t * p.y_stride + grp * p.n + r] = sum;
+      } else {
+        red[(static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el] = sum;
+      }
+    }
+  }
+  if (cluster == 1) return;
+  ClusterSync();
+  for (int e = rank * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); e < total;
+       e += cluster * static_cast<int>(blockDim.x)) {
+    int em, v, el;
+    int64_t r, t;
+    if (!element(e, em, v, el, r, t)) continue;
+    const float* src = red + (static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el;
+    float part[8];
+#pragma unroll
+    for (int b = 0; b < 8; ++b) part[b] = b < cluster ? LoadClusterShared(src, static_cast<uint32_t>(b)) : 0.f;
+    float sum = 0.f;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      if (b < cluster) sum += part[b];
+    }
+    p.y[t * p.y_stride + grp * p.n + r] = sum;
+  }
+  // No block may leave while another still reads its shared memory.
+  ClusterSync();
+}
+
 // F32 weights: one warp per output row, 4 tokens at a time, plain fp32 FMAs (x not rounded).
 constexpr int kF32Warps = 8;
 constexpr int kF32Tokens = 4;
@@ -314,11 +608,44 @@ template <LinearKernelFormat F, int MW, int NW>
 cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
   const LinearPlan& pl = p.plan;
   const int64_t rows_per_block = 16 * MW * pl.warps_m;
-  const dim3 grid(static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)), static_cast<unsigned>(p.groups));
-  const dim3 block(32 * pl.warps_m * pl.warps_k);
-  LinearMmaKernel<F, MW, NW><<<grid, block, internal::LinearSharedBytes(pl), stream>>>(p);
-  return cudaGetLastError();
+  const int64_t row_blocks = (p.n + rows_per_block - 1) / rows_per_block;
+  if (pl.kernel == LinearKernel::kTiled) {
+    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),
+                    static_cast<unsigned>(p.groups));
+    const dim3 block(32 * pl.warps_m * pl.warps_k);
+    LinearMmaKernel<F, MW, NW><<<grid, block, internal::LinearSharedBytes(pl), stream>>>(p);
+    return cudaGetLastError();
+  }
+  if constexpr (MW == 2 && NW == 4) {
+    return cudaErrorInvalidValue;  // kSplitK has no 2 x 4 tile per warp (it would spill: the planner never asks)
+  } else {
+    // kSplitK: the shared-memory limit is raised once per instantiation and device (to the most any plan takes).
+    static std::atomic<uint64_t> raised{0};
+    int device = 0;
+    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    const uint64_t bit = uint64_t{1} << (device & 63);
+    if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
+      const cudaError_t e = cudaFuncSetAttribute(LinearSplitKernel<F, MW, NW>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kSplitMaxSharedBytes));
+      if (e != cudaSuccess) return e;
+      raised.fetch_or(bit, std::memory_order_relaxed);
+    }
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(pl.cluster), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),
+                          static_cast<unsigned>(row_blocks * p.groups));
+    config.blockDim = dim3(static_cast<unsigned>(32 * pl.warps_m * pl.warps_k));
+    config.dynamicSmemBytes = static_cast<size_t>(internal::LinearSharedBytes(pl));
+    config.stream = stream;
+    cudaLaunchAttribute cluster_dim[1];
+    cluster_dim[0].id = cudaLaunchAttributeClusterDimension;
+    cluster_dim[0].val.clusterDim.x = static_cast<unsigned>(pl.cluster);
+    cluster_dim[0].val.clusterDim.y = 1;
+    cluster_dim[0].val.clusterDim.z = 1;
+    config.attrs = cluster_dim;
+    config.numAttrs = pl.cluster > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&config, LinearSplitKernel<F, MW, NW>, p);
+  }
 }
 
 template <LinearKernelFormat F>
@@ -339,7 +666,11 @@ cudaError_t LaunchMmaFormat(const LinearParams& p, cudaStream_t stream) {
 namespace internal {
 
 int64_t LinearSharedBytes(const LinearPlan& plan) {
-  return int64_t{4} * plan.warps_m * (plan.warps_k - 1) * 32 * plan.m_tiles * plan.n_tiles * 4;
+  const int64_t acc_bytes = int64_t{4} * 32 * plan.m_tiles * plan.n_tiles * 4;  // one warp's partial sums
+  if (plan.kernel == LinearKernel::kTiled) return plan.warps_m * (plan.warps_k - 1) * acc_bytes;
+  const int64_t x_bytes = (int64_t{8} * plan.n_tiles * (plan.k_slice + 4) * 2 + 15) / 16 * 16;
+  const bool split = plan.warps_k * plan.cluster > 1;
+  return x_bytes + (split ? int64_t{plan.warps_m} * plan.warps_k * acc_bytes : 0);
 }
 
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream) {
