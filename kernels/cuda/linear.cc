@@ -77,8 +77,8 @@ absl::Status CheckPlan(const LinearPlan& pl, int64_t t, int64_t n, int64_t k, in
     }
     return absl::OkStatus();
   }
-  if (pl.warps_m * pl.warps_k > kSplitWarps || !PowerOfTwo(pl.cluster) || pl.cluster > 8 || pl.k_slice < 64 ||
-      pl.k_slice % 64 != 0 || pl.cluster * pl.k_slice < k ||
+  if (pl.warps_m * pl.warps_k > kSplitWarps || !PowerOfTwo(pl.cluster) || pl.cluster > 8 || pl.k_slice < 128 ||
+      pl.k_slice % 128 != 0 || pl.cluster * pl.k_slice < k ||
       internal::LinearSharedBytes(pl) > kSplitMaxSharedBytes || CeilDiv(n, rows_per_block) * groups > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " over its limits for [",
                                                    n, ", ", k, "] x ", groups, " groups"));
@@ -109,23 +109,23 @@ std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int 
   if (plan.m_tiles < 1 || plan.m_tiles > 2 || (plan.m_tiles == 2 && plan.n_tiles == 4)) return std::nullopt;
   const int64_t row_tiles = CeilDiv(n, 16 * plan.m_tiles);
   const int64_t tiles = row_tiles * groups * token_tiles;
-  const int64_t steps = CeilDiv(k, 64);
+  const int64_t chunks = CeilDiv(k, 128);  // K slices are whole 128-wide chunks (an FP8 step, two BF16 steps)
   int s = splits;
   if (s == 0) {
-    // Enough warps for 8 per SM (two 8-warp blocks on most SMs, each warp with up to 4 steps of weights in
-    // flight), each warp keeping at least one 64-wide step.
+    // About 8 warps per SM (measured on the H200: more warps, i.e. more and shorter-lived blocks, cost more in
+    // per-block latency than they add in loads in flight), each warp with at least one 128-wide chunk.
     const int64_t want = int64_t{8} * sms;
     s = 1;
-    while (s < 64 && 2 * s <= steps && tiles * s < want) s *= 2;
+    while (s < 64 && 2 * s <= chunks && tiles * 2 * s <= want) s *= 2;
   }
   int cluster = std::min(s, 8);
   const int warps_k = s / cluster;
   // The block's x slice must fit its shared memory: more blocks per cluster make it shorter.
-  while (SplitXBytes(plan.n_tiles, CeilDiv(steps, cluster) * 64) > kSplitXBytes && cluster < 8) cluster *= 2;
-  if (SplitXBytes(plan.n_tiles, CeilDiv(steps, cluster) * 64) > kSplitXBytes) return std::nullopt;
+  while (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes && cluster < 8) cluster *= 2;
+  if (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes) return std::nullopt;
   plan.cluster = cluster;
   plan.warps_k = warps_k;
-  plan.k_slice = CeilDiv(steps, cluster) * 64;
+  plan.k_slice = CeilDiv(chunks, cluster) * 128;
   plan.warps_m = std::min(kSplitWarps / warps_k, NextPow2(row_tiles));
   return plan;
 }

@@ -279,21 +279,36 @@ __global__ void __launch_bounds__(NW == 1 ? 512 : 256) LinearMmaKernel(const Lin
 
 // ---- kSplitK: the decode kernel -------------------------------------------------------------------------------
 //
-// Same MMA mapping as LinearMmaKernel (thread (g, q) owns elements [16q, 16q + 16) of each 64-wide step), but:
-//  - x is staged once per block: the block's token tile x its K slice, rounded to bf16, in shared memory with a
-//    row pitch of k_slice + 4 elements (8 bytes past a multiple of 128 bytes), so the B fragments' 8-byte reads
-//    (token g, elements 16q + 4j .. +3) of a half-warp hit 16 distinct bank pairs;
-//  - each warp keeps kRing steps of weights in flight (a register ring issued before x is staged, each slot
-//    re-issued kRing steps ahead as soon as it is converted);
+// The MMA mapping of LinearMmaKernel (a thread owns 16 consecutive K elements of rows g and g + 8 per 64-wide
+// sub-step; K order is free), with:
+//  - full 128-byte row segments per load: a step is 128 K elements for FP8 (thread q loads the 32 contiguous
+//    bytes [32q, 32q + 32) of each row: sub-step 0 takes [32q, +16), sub-step 1 [32q + 16, +16)) and 64 for BF16
+//    (32 bytes = 16 elements per thread, as before), so one warp's loads cover whole 128-byte lines of 16 rows;
+//  - x staged once per block: the block's token tile x its K slice, rounded to bf16, in shared memory; row pitch
+//    k_slice + 4 elements (8 bytes past a multiple of 128 bytes) and, inside each 128-element chunk, 16-element
+//    units swizzled (unit w stored at w ^ (w >> 2 & 1)), so the B fragments' 8-byte reads of a half-warp hit 16
+//    distinct bank pairs for both step shapes;
+//  - each warp keeps kRing steps of weights (and their FP8 block scales) in flight in a register ring, issued
+//    before x is staged and re-issued kRing steps ahead as soon as a slot is converted;
 //  - K is split over warps_k warps of a block and over the `cluster` blocks of a thread-block cluster (grid x =
 //    cluster rank = K slice); every warp parks its partial sums in its block's shared memory, each block adds
 //    its warps' sums (warp 0..warps_k-1), and after a cluster barrier the cluster's threads add the blocks' sums
 //    (rank 0..cluster-1, distributed shared memory reads): a fixed order, so the result is deterministic.
 // Grid: (cluster, token tiles of 8*NW, groups * row blocks of 16*MW*warps_m rows).
 
-// Weight steps in flight per warp: 16 registers x 4 bytes x 2 row halves of raw weights per lane and tile.
+// 64-wide sub-steps per step (one FP8 block-128 column per step) and raw 32-bit words per row and sub-step.
+template <LinearKernelFormat F>
+constexpr int kSub = F == LinearKernelFormat::kFp8 ? 2 : 1;
+
+// Steps in flight per warp: 16 registers of raw weights per row half and tile (2 KB per warp and step at MW 1).
 template <LinearKernelFormat F, int MW>
-constexpr int kRing = 16 / (MW * kRawWords<F>) > 0 ? 16 / (MW * kRawWords<F>) : 1;
+constexpr int kRing = 16 / (MW * kSub<F> * kRawWords<F>) > 0 ? 16 / (MW * kSub<F> * kRawWords<F>) : 1;
+
+// Shared-memory position of x element e of a block's slice row (the unit swizzle above).
+__device__ __forceinline__ int64_t XPos(int64_t e) {
+  const int64_t w = (e >> 4) & 7;
+  return (e & ~int64_t{127}) | ((w ^ ((w >> 2) & 1)) << 4) | (e & 15);
+}
 
 __device__ __forceinline__ uint32_t SharedAddress(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -355,10 +370,13 @@ template <LinearKernelFormat F, int MW, int NW>
 __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const LinearParams p) {
   extern __shared__ __align__(16) unsigned char split_smem[];
   constexpr int kRaw = kRawWords<F>;
+  constexpr int kS = kSub<F>;
+  constexpr int kStep = kStepK * kS;  // K elements per step
   constexpr int kAcc = MW * NW * 4;
   constexpr int kTokens = 8 * NW;
   constexpr int kD = kRing<F, MW>;
-  constexpr int64_t kEsize = F == LinearKernelFormat::kFp8 ? 1 : 2;
+  constexpr bool kFp8 = F == LinearKernelFormat::kFp8;
+  constexpr int64_t kEsize = kFp8 ? 1 : 2;
   const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m, cluster = p.plan.cluster;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, wm = warp / warps_k;
@@ -369,8 +387,8 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
   const int64_t row_blocks = (p.n + rows_per_block - 1) / rows_per_block;
   const int64_t grp = blockIdx.z / row_blocks;
   const int64_t row0 = (blockIdx.z % row_blocks) * rows_per_block + int64_t{16} * MW * wm;
-  const int64_t slice_steps = p.plan.k_slice / kStepK;
-  const int64_t steps = (p.k + kStepK - 1) / kStepK;
+  const int64_t slice_steps = p.plan.k_slice / kStep;
+  const int64_t steps = (p.k + kStep - 1) / kStep;
   const int64_t s_begin = rank * slice_steps;
   const int64_t block_steps = s_begin >= steps ? 0 : (steps - s_begin < slice_steps ? steps - s_begin : slice_steps);
   const int my_steps = block_steps > wk ? static_cast<int>((block_steps - wk + warps_k - 1) / warps_k) : 0;
@@ -378,29 +396,42 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
   // Rows row0 + 16 i + g + 8 h of this group (h = 0: "lo", 1: "hi").
   const void* rows[MW][2];
   bool row_ok[MW][2];
+  const float* scale_row[MW][2];  // FP8: the rows' block-scale rows
 #pragma unroll
   for (int i = 0; i < MW; ++i) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t r = row0 + 16 * i + g + 8 * h;
       row_ok[i][h] = r < p.n;
-      rows[i][h] = static_cast<const uint8_t*>(p.w) + (grp * p.n + (row_ok[i][h] ? r : 0)) * p.k * kEsize;
+      const int64_t gr = grp * p.n + (row_ok[i][h] ? r : 0);
+      rows[i][h] = static_cast<const uint8_t*>(p.w) + gr * p.k * kEsize;
+      scale_row[i][h] = kFp8 ? p.scale + (gr / kScaleBlock) * p.scale_cols : nullptr;
     }
   }
-  // Step (64-wide, global) of this warp's local step `it`, and the K element of this thread's 16 in it.
+  // Step (global) of this warp's local step `it`, and the first K element of this thread's elements in it.
   auto step_of = [&](int it) { return s_begin + wk + static_cast<int64_t>(it) * warps_k; };
-  auto step_k = [&](int it) { return step_of(it) * kStepK + 16 * q; };
+  // Requests step `it`'s weights (and FP8 block scales) into a ring slot.
+  auto request = [&](int it, uint32_t (&raw)[MW][2][kS][kRaw], float (&sc)[MW][2]) {
+    const int64_t s = step_of(it);
+    const int64_t k = s * kStep + 16 * kS * q;
+#pragma unroll
+    for (int i = 0; i < MW; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int u = 0; u < kS; ++u) LoadWeights<F>(p, rows[i][h], row_ok[i][h], k + 16 * u, raw[i][h][u]);
+        sc[i][h] = 1.f;
+        if constexpr (kFp8) sc[i][h] = row_ok[i][h] ? __ldg(scale_row[i][h] + s) : 0.f;
+      }
+    }
+  };
 
-  // The first kD steps' weights are requested before x is staged, so they fly meanwhile.
-  uint32_t ring[kD][MW][2][kRaw];
+  // The first kD steps are requested before x is staged, so they fly meanwhile.
+  uint32_t ring[kD][MW][2][kS][kRaw];
+  float ring_sc[kD][MW][2];
 #pragma unroll
   for (int d = 0; d < kD; ++d) {
-    if (d < my_steps) {
-#pragma unroll
-      for (int i = 0; i < MW; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) LoadWeights<F>(p, rows[i][h], row_ok[i][h], step_k(d), ring[d][i][h]);
-    }
+    if (d < my_steps) request(d, ring[d], ring_sc[d]);
   }
 
   // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin), 4 elements per thread and pass.
@@ -408,13 +439,13 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
   const int64_t pitch = p.plan.k_slice + 4;
   {
     const int64_t quads = p.plan.k_slice / 4;
-    const int64_t k_base = s_begin * kStepK;
+    const int64_t k_base = s_begin * kStep;
     for (int64_t idx = threadIdx.x; idx < kTokens * quads; idx += blockDim.x) {
       const int64_t r = idx / quads, c = (idx % quads) * 4;
       const int64_t t = tok0 + r, k = k_base + c;
       uint2 v{0u, 0u};
       if (t < p.t && k < p.k) v = LoadX4(p, t * p.x_stride + grp * p.k, k);
-      *reinterpret_cast<uint2*>(xs + r * pitch + c) = v;
+      *reinterpret_cast<uint2*>(xs + r * pitch + XPos(c)) = v;
     }
   }
   __syncthreads();
@@ -432,18 +463,10 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
     for (int d = 0; d < kD; ++d) {
       const int it = base + d;
       if (it < my_steps) {
-        const int64_t s = step_of(it);
-        uint32_t a[MW][2][8];
+        const int64_t ls = step_of(it) - s_begin;  // local step: x columns [ls * kStep, +kStep)
+        float sc[MW][2];
 #pragma unroll
-        for (int i = 0; i < MW; ++i)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) WeightsToBf16<F>(ring[d][i][h], a[i][h]);
-        if (it + kD < my_steps) {
-#pragma unroll
-          for (int i = 0; i < MW; ++i)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) LoadWeights<F>(p, rows[i][h], row_ok[i][h], step_k(it + kD), ring[d][i][h]);
-        }
+        for (int i = 0; i < MW; ++i) sc[i][0] = ring_sc[d][i][0], sc[i][1] = ring_sc[d][i][1];
         float part[MW][NW][4];
 #pragma unroll
         for (int i = 0; i < MW; ++i)
@@ -451,37 +474,41 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
           for (int jn = 0; jn < NW; ++jn)
 #pragma unroll
             for (int c = 0; c < 4; ++c) part[i][jn][c] = 0.f;
-        const uint16_t* xk = xs + (s - s_begin) * kStepK + 16 * q + g * pitch;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
+        for (int u = 0; u < kS; ++u) {
+          uint32_t a[MW][2][8];
 #pragma unroll
-          for (int jn = 0; jn < NW; ++jn) {
-            const uint2 b = *reinterpret_cast<const uint2*>(xk + 8 * jn * pitch + 4 * j);
+          for (int i = 0; i < MW; ++i)
 #pragma unroll
-            for (int i = 0; i < MW; ++i)
-              Mma16816(part[i][jn], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1], b.x, b.y);
-          }
-        }
-        // Per-row scale of this 64-wide step (1 for BF16), in fp32.
+            for (int h = 0; h < 2; ++h) WeightsToBf16<F>(ring[d][i][h][u], a[i][h]);
+          // The slot is free once its last sub-step is converted: request the step kD ahead into it.
+          if (u == kS - 1 && it + kD < my_steps) request(it + kD, ring[d], ring_sc[d]);
+          const uint16_t* xrow = xs + g * pitch;
+          // This thread's 16 elements of the sub-step, as slice columns.
+          const int64_t e0 = ls * kStep + 16 * (kS * q + u);
 #pragma unroll
-        for (int i = 0; i < MW; ++i) {
-          float sc[2] = {1.f, 1.f};
-          if constexpr (F == LinearKernelFormat::kFp8) {
-            const int64_t col = (s * kStepK) / kScaleBlock;
+          for (int j = 0; j < 4; ++j) {
+            const int64_t pos = XPos(e0 + 4 * j);
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int64_t r = grp * p.n + row0 + 16 * i + g + 8 * h;
-              sc[h] = row_ok[i][h] ? __ldg(p.scale + (r / kScaleBlock) * p.scale_cols + col) : 0.f;
+            for (int jn = 0; jn < NW; ++jn) {
+              const uint2 b = *reinterpret_cast<const uint2*>(xrow + 8 * jn * pitch + pos);
+#pragma unroll
+              for (int i = 0; i < MW; ++i)
+                Mma16816(part[i][jn], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1], b.x,
+                         b.y);
             }
           }
+        }
+        // The step's block scale per row (1 for BF16), in fp32.
+#pragma unroll
+        for (int i = 0; i < MW; ++i)
 #pragma unroll
           for (int jn = 0; jn < NW; ++jn) {
-            acc[i][jn][0] += sc[0] * part[i][jn][0];
-            acc[i][jn][1] += sc[0] * part[i][jn][1];
-            acc[i][jn][2] += sc[1] * part[i][jn][2];
-            acc[i][jn][3] += sc[1] * part[i][jn][3];
+            acc[i][jn][0] += sc[i][0] * part[i][jn][0];
+            acc[i][jn][1] += sc[i][0] * part[i][jn][1];
+            acc[i][jn][2] += sc[i][1] * part[i][jn][2];
+            acc[i][jn][3] += sc[i][1] * part[i][jn][3];
           }
-        }
       }
     }
   }

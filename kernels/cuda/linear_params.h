@@ -47,7 +47,7 @@ struct LinearPlan {
   int warps_m = 8;   // WM
   int warps_k = 1;   // WK (kTiled: warps_m * warps_k <= 16; kSplitK: <= kSplitWarps)
   int cluster = 1;   // kSplitK: blocks of a cluster splitting K (1, 2, 4 or 8)
-  int64_t k_slice = 0;  // kSplitK: K elements per block (a multiple of 64; cluster * k_slice >= Kin)
+  int64_t k_slice = 0;  // kSplitK: K elements per block (a multiple of 128; cluster * k_slice >= Kin)
 };
 
 struct LinearParams {
