@@ -148,6 +148,11 @@ std::string ShapeName(const Shape& s) {
                          s.groups > 1 ? absl::StrFormat(" x %d groups", s.groups) : std::string());
 }
 
+kernels::cuda::LinearKernelFormat KernelFormat(const Shape& s) {
+  return s.format == WeightFormat::kBF16 ? kernels::cuda::LinearKernelFormat::kBf16
+                                         : kernels::cuda::LinearKernelFormat::kFp8;
+}
+
 double WeightBytes(const Shape& s) {
   const int64_t rows = s.n * s.groups;
   if (s.format == WeightFormat::kBF16) return 2.0 * rows * s.k;
@@ -465,7 +470,7 @@ void RunShape(Ctx& ctx, const Shape& sh) {
     };
 
     // The backend's linear as the engine calls it.
-    const LinearPlan auto_plan = kernels::cuda::AutoLinearPlan(t, N, K, static_cast<int>(G), ctx.sms);
+    const LinearPlan auto_plan = kernels::cuda::AutoLinearPlan(t, N, K, static_cast<int>(G), ctx.sms, KernelFormat(sh));
     const size_t ours = time({.what = "ours", .plan = kernels::cuda::LinearPlanName(auto_plan)}, sets, wbytes,
                              [&ctx, &copies, base](int s) {
                                LinearArgs a = base;
@@ -476,24 +481,35 @@ void RunShape(Ctx& ctx, const Shape& sh) {
 
     if (ctx.variants) {
       std::vector<std::pair<std::string, LinearPlan>> plans;
-      if (auto_plan.kernel != kernels::cuda::LinearKernel::kTiled) {
-        plans.emplace_back("tiled", kernels::cuda::PlanTiledLinear(t, N, K, static_cast<int>(G), ctx.sms));
-        const int splits = auto_plan.warps_k * auto_plan.cluster;
+      // The other kernel, and split-K plans around the split-K plan (the automatic one or the default).
+      const std::optional<LinearPlan> split = auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK
+                                                  ? std::optional<LinearPlan>(auto_plan)
+                                                  : kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms);
+      auto add_plan = [&](const std::string& what, const LinearPlan& p) {
+        const std::string pn = kernels::cuda::LinearPlanName(p);
+        if (pn == kernels::cuda::LinearPlanName(auto_plan)) return;
+        for (const auto& [w, q] : plans) {
+          if (kernels::cuda::LinearPlanName(q) == pn) return;
+        }
+        plans.emplace_back(what, p);
+      };
+      if (auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK) {
+        add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, static_cast<int>(G), ctx.sms));
+      } else if (split) {
+        add_plan("splitk", *split);
+      }
+      if (split) {
+        const int splits = split->warps_k * split->cluster;
         auto add = [&](const std::string& what, int m_tiles, int s) {
           if (s < 1 || s > 64) return;
-          std::optional<LinearPlan> p =
-              kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms, m_tiles, s);
-          if (!p) return;
-          const std::string pn = kernels::cuda::LinearPlanName(*p);
-          if (pn == kernels::cuda::LinearPlanName(auto_plan)) return;
-          for (const auto& [w, q] : plans) {
-            if (kernels::cuda::LinearPlanName(q) == pn) return;
+          if (std::optional<LinearPlan> p =
+                  kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms, m_tiles, s)) {
+            add_plan(what, *p);
           }
-          plans.emplace_back(what, *p);
         };
-        add(auto_plan.m_tiles == 1 ? "m2" : "m1", auto_plan.m_tiles == 1 ? 2 : 1, splits);
-        add("s/2", auto_plan.m_tiles, splits / 2);
-        add("s*2", auto_plan.m_tiles, splits * 2);
+        add(split->m_tiles == 1 ? "m2" : "m1", split->m_tiles == 1 ? 2 : 1, splits);
+        add("s/2", split->m_tiles, splits / 2);
+        add("s*2", split->m_tiles, splits * 2);
       }
       for (const auto& [what, plan] : plans) {
         auto err = std::make_shared<absl::Status>();
@@ -635,7 +651,7 @@ int Main() {
     for (const Shape& s : shapes) {
       std::printf("%s: %s\n", absl::StrJoin(s.names, " = ").c_str(), ShapeName(s).c_str());
       for (const int64_t t : tokens) {
-        const LinearPlan p = kernels::cuda::AutoLinearPlan(t, s.n, s.k, s.groups, sms);
+        const LinearPlan p = kernels::cuda::AutoLinearPlan(t, s.n, s.k, s.groups, sms, KernelFormat(s));
         std::printf("  T=%-4lld %s, %lld bytes of shared memory\n", static_cast<long long>(t),
                     kernels::cuda::LinearPlanName(p).c_str(),
                     static_cast<long long>(kernels::cuda::internal::LinearSharedBytes(p)));

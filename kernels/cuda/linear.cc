@@ -134,10 +134,26 @@ LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms)
   return PlanTiled(t, n, k, groups, sms);
 }
 
-// The one place that picks a kernel per shape: split-K for decode sizes (it beat the tiled kernel and, at
-// M <= 32, cuBLASLt's FP8 GEMM on every measured shape: bench/RESULTS.md), tiled for prefill.
-LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms) {
-  if (std::optional<LinearPlan> split = PlanSplitKLinear(t, n, k, groups, sms)) return *split;
+// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md, 2026-12-01,
+// second pass; both kernels timed side by side in one run). Up to 8 tokens the split-K kernel wins on FP8 weights
+// of >= 8192 rows (wq_b 15.9 vs 20.5 us, wo_a 23.0 vs 26.3 us at T = 1) and of <= 512 rows (wkv 5.3 vs 6.9 us);
+// the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16 (by 5-25%). From 9 tokens the
+// split-K kernel wins (its x is staged once per block) except on 4096-row FP8 weights up to 32 tokens (wo_b,
+// shared w2: 2-15%). Prefill (> kSplitMaxTokens tokens) is tiled. cuBLASLt, faster at T >= 16 (bf16 on
+// dequantised weights) and on the largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not
+// called: docs/cuda-backend.md says why.
+LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format) {
+  const int64_t rows = n * groups;
+  const bool fp8 = format == LinearKernelFormat::kFp8;
+  bool split = true;
+  if (t <= 8) {
+    split = fp8 && (rows >= 8192 || rows <= 512);
+  } else if (t <= 32) {
+    split = !(fp8 && groups == 1 && rows >= 4096 && rows < 8192);
+  }
+  if (split) {
+    if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) return *plan;
+  }
   return PlanTiled(t, n, k, groups, sms);
 }
 
@@ -226,7 +242,7 @@ absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, c
       return absl::InvalidArgumentError(absl::StrCat("linear: ", a.t, " tokens x ", a.groups, " groups is too large"));
     }
   } else {
-    pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms());
+    pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
     DSV4_RETURN_IF_ERROR(CheckPlan(pl, a.t, n, k, a.groups));
   }
   const LinearParams p{.format = format, .w = w->data(), .scale = w->scale(), .scale_cols = CeilDiv(k, kBlock),

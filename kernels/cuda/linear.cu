@@ -1,8 +1,9 @@
 // The CUDA linear kernels (contract: linear_params.h; host side: linear.cc).
 //
-// FP8 block-128 and BF16 weights go through one tensor-core kernel, "swap AB": the weight rows are the MMA's
-// M dimension (16-row tiles) and the tokens its N dimension (8-token tiles), so a decode step of a few tokens
-// wastes no weight bandwidth on padding rows. Every thread reads its operands straight from global memory into
+// FP8 block-128 and BF16 weights go through two tensor-core kernels (linear_params.h LinearKernel; the plan in
+// linear.cc picks one per shape), both "swap AB": the weight rows are the MMA's M dimension (16-row tiles) and
+// the tokens its N dimension (8-token tiles), so a decode step of a few tokens wastes no weight bandwidth on
+// padding rows. The tiled kernel (LinearMmaKernel) reads its operands straight from global memory into
 // registers, no shared-memory staging: within one 64-wide K step thread (g, q) of a warp (g = lane / 4,
 // q = lane % 4) owns the 16 consecutive K elements [64 s + 16 q, +16) of weight rows g and g + 8 of each tile
 // and of token g of each token tile. A dot product does not care in which order K is summed, so the MMA's
@@ -10,11 +11,11 @@
 //   MMA k-step j (0..3), slots 2q, 2q+1  <-  elements 4j, 4j+1      slots 2q+8, 2q+9  <-  elements 4j+2, 4j+3
 // which makes every load a 16-byte vector and needs no shuffles. e4m3 -> bf16 is exact (hardware e4m3x2 ->
 // f16x2, then f32, then bf16: 4 significant bits fit), x is rounded to bf16, accumulation is fp32 and the f32
-// block scale multiplies each 64-wide step's partial sum (a 16-row tile never straddles a 128-row scale block).
+// block scale of each row multiplies each 64-wide step's partial sum.
 //
-// Split K: a block's warps_k warps take every warps_k-th step of the same tiles (decode needs many warps in flight
-// for bandwidth when N is small) and add their partial sums in shared memory in a fixed order: results are
-// deterministic and do not depend on the split.
+// Split K in the tiled kernel: a block's warps_k warps take every warps_k-th step of the same tiles and add their
+// partial sums in shared memory in a fixed order, so results are deterministic. The split-K kernel
+// (LinearSplitKernel, below) stages x in shared memory and splits K over a thread-block cluster as well.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
