@@ -1,10 +1,13 @@
-// Host side of the CUDA linear: weight preparation (PrepareCudaLinear), argument checks, the work-split plan
-// and the launch (LaunchLinear). Kernels: linear.cu; contract: linear_params.h.
+// Host side of the CUDA linear: weight preparation (PrepareCudaLinear), argument checks, the kernel choice and
+// work-split plan (AutoLinearPlan: the one place that decides per shape) and the launch (LaunchLinear).
+// Kernels: linear.cu; contract: linear_params.h.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -30,9 +33,9 @@ int NextPow2(int64_t v) {
   return p;
 }
 
-// Decode (few tokens, memory-bound) wants many warps streaming weights: smaller row tiles and K split over the
-// warps of a block while the blocks alone would not fill the GPU twice over; prefill has tiles to spare.
-LinearPlan PlanLinear(int64_t t, int64_t n, int64_t k, int groups, int sms) {
+// Prefill (kTiled): smaller row tiles and K split over the warps of a block while the blocks alone would not fill
+// the GPU twice over.
+LinearPlan PlanTiled(int64_t t, int64_t n, int64_t k, int groups, int sms) {
   LinearPlan plan;
   plan.n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : 4;
   const int64_t token_tiles = CeilDiv(t, 8 * plan.n_tiles);
@@ -52,7 +55,107 @@ LinearPlan PlanLinear(int64_t t, int64_t n, int64_t k, int groups, int sms) {
   return plan;
 }
 
+int64_t SplitXBytes(int n_tiles, int64_t k_slice) { return int64_t{8} * n_tiles * (k_slice + 4) * 2; }
+
+bool PowerOfTwo(int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
+
+// Plan checks shared by the automatic plans and the ones a benchmark hands in.
+absl::Status CheckPlan(const LinearPlan& pl, int64_t t, int64_t n, int64_t k, int groups) {
+  const bool tiles_ok = (pl.m_tiles == 1 || pl.m_tiles == 2) && (pl.n_tiles == 1 || pl.n_tiles == 2 || pl.n_tiles == 4) &&
+                        !(pl.kernel == LinearKernel::kSplitK && pl.m_tiles == 2 && pl.n_tiles == 4);
+  const int64_t rows_per_block = int64_t{16} * pl.m_tiles * pl.warps_m;
+  const int64_t token_tiles = CeilDiv(t, 8 * pl.n_tiles);
+  if (!tiles_ok || pl.warps_m < 1 || pl.warps_k < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " has no kernel"));
+  }
+  if (token_tiles > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("linear: ", t, " tokens is too many for one launch"));
+  }
+  if (pl.kernel == LinearKernel::kTiled) {
+    if (pl.warps_m * pl.warps_k > (pl.n_tiles == 1 ? 16 : 8) || groups > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " over its limits"));
+    }
+    return absl::OkStatus();
+  }
+  if (pl.warps_m * pl.warps_k > kSplitWarps || !PowerOfTwo(pl.cluster) || pl.cluster > 8 || pl.k_slice < 128 ||
+      pl.k_slice % 128 != 0 || pl.cluster * pl.k_slice < k ||
+      internal::LinearSharedBytes(pl) > kSplitMaxSharedBytes || CeilDiv(n, rows_per_block) * groups > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " over its limits for [",
+                                                   n, ", ", k, "] x ", groups, " groups"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string LinearPlanName(const LinearPlan& pl) {
+  if (pl.kernel == LinearKernel::kTiled) {
+    return absl::StrCat("tiled m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k);
+  }
+  return absl::StrCat("splitk m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k, " c",
+                      pl.cluster, " ks", pl.k_slice);
+}
+
+std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int m_tiles,
+                                           int splits) {
+  if (t < 1 || t > kSplitMaxTokens || n < 1 || k < 1 || groups < 1) return std::nullopt;
+  if (splits != 0 && (!PowerOfTwo(splits) || splits > 64)) return std::nullopt;
+  LinearPlan plan{.kernel = LinearKernel::kSplitK};
+  plan.n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : 4;
+  const int64_t token_tiles = CeilDiv(t, 8 * plan.n_tiles);
+  // One row tile per warp: the most warps for memory-bound decode. Two halve the x reads per weight byte, but a
+  // 2 x 4 tile would spill (no such kernel).
+  plan.m_tiles = m_tiles > 0 ? m_tiles : 1;
+  if (plan.m_tiles < 1 || plan.m_tiles > 2 || (plan.m_tiles == 2 && plan.n_tiles == 4)) return std::nullopt;
+  const int64_t row_tiles = CeilDiv(n, 16 * plan.m_tiles);
+  const int64_t tiles = row_tiles * groups * token_tiles;
+  const int64_t chunks = CeilDiv(k, 128);  // K slices are whole 128-wide chunks (an FP8 step, two BF16 steps)
+  int s = splits;
+  if (s == 0) {
+    // About 8 warps per SM (measured on the H200: more warps, i.e. more and shorter-lived blocks, cost more in
+    // per-block latency than they add in loads in flight), each warp with at least one 128-wide chunk.
+    const int64_t want = int64_t{8} * sms;
+    s = 1;
+    while (s < 64 && 2 * s <= chunks && tiles * 2 * s <= want) s *= 2;
+  }
+  int cluster = std::min(s, 8);
+  const int warps_k = s / cluster;
+  // The block's x slice must fit its shared memory: more blocks per cluster make it shorter.
+  while (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes && cluster < 8) cluster *= 2;
+  if (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes) return std::nullopt;
+  plan.cluster = cluster;
+  plan.warps_k = warps_k;
+  plan.k_slice = CeilDiv(chunks, cluster) * 128;
+  plan.warps_m = std::min(kSplitWarps / warps_k, NextPow2(row_tiles));
+  return plan;
+}
+
+LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms) {
+  return PlanTiled(t, n, k, groups, sms);
+}
+
+// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md, 2026-12-01,
+// second pass; both kernels timed side by side in one run). Up to 8 tokens the split-K kernel wins on FP8 weights
+// of >= 8192 rows (wq_b 15.9 vs 20.5 us, wo_a 23.0 vs 26.3 us at T = 1) and of <= 512 rows (wkv 5.3 vs 6.9 us);
+// the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16 (by 5-25%). From 9 tokens the
+// split-K kernel wins (its x is staged once per block) except on 4096-row FP8 weights up to 32 tokens (wo_b,
+// shared w2: 2-15%). Prefill (> kSplitMaxTokens tokens) is tiled. cuBLASLt, faster at T >= 16 (bf16 on
+// dequantised weights) and on the largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not
+// called: docs/cuda-backend.md says why.
+LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format) {
+  const int64_t rows = n * groups;
+  const bool fp8 = format == LinearKernelFormat::kFp8;
+  bool split = true;
+  if (t <= 8) {
+    split = fp8 && (rows >= 8192 || rows <= 512);
+  } else if (t <= 32) {
+    split = !(fp8 && groups == 1 && rows >= 4096 && rows < 8192);
+  }
+  if (split) {
+    if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) return *plan;
+  }
+  return PlanTiled(t, n, k, groups, sms);
+}
 
 absl::StatusOr<LinearHandle> PrepareCudaLinear(const WeightView& w, Backend& backend) {
   if (w.n <= 0 || w.k <= 0 || w.data == nullptr) {
@@ -102,7 +205,7 @@ absl::StatusOr<LinearHandle> PrepareCudaLinear(const WeightView& w, Backend& bac
   return std::make_unique<CudaLinearWeight>(w.n, w.k, w.format, std::move(data), std::move(scale));
 }
 
-absl::Status LaunchLinear(const LinearArgs& a, cudaStream_t stream) {
+absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, cudaStream_t stream) {
   if (a.w == nullptr) return absl::InvalidArgumentError("linear: no weight");
   const auto* w = dynamic_cast<const CudaLinearWeight*>(a.w);
   if (w == nullptr) return absl::InvalidArgumentError("linear: the weight was not prepared by the CUDA backend");
@@ -133,16 +236,21 @@ absl::Status LaunchLinear(const LinearArgs& a, cudaStream_t stream) {
   const int64_t x_esize = x_bf16 ? 2 : 4;
   const bool vec = (k * w_esize) % 16 == 0 && (k * x_esize) % 16 == 0 && (xs * x_esize) % 16 == 0 &&
                    Aligned16(w->data()) && Aligned16(a.x.data);
-  const LinearPlan plan =
-      format == LinearKernelFormat::kF32 ? LinearPlan{} : PlanLinear(a.t, n, k, a.groups, CurrentDeviceSms());
-  const int64_t token_tiles = CeilDiv(a.t, format == LinearKernelFormat::kF32 ? 4 : 8 * plan.n_tiles);
-  if (token_tiles > 65535 || a.groups > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("linear: ", a.t, " tokens x ", a.groups, " groups is too large"));
+  LinearPlan pl;
+  if (format == LinearKernelFormat::kF32) {
+    if (CeilDiv(a.t, 4) > 65535 || a.groups > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat("linear: ", a.t, " tokens x ", a.groups, " groups is too large"));
+    }
+  } else {
+    pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
+    DSV4_RETURN_IF_ERROR(CheckPlan(pl, a.t, n, k, a.groups));
   }
   const LinearParams p{.format = format, .w = w->data(), .scale = w->scale(), .scale_cols = CeilDiv(k, kBlock),
                        .x = a.x.data, .x_bf16 = x_bf16, .y = a.y, .t = a.t, .n = n, .k = k, .groups = a.groups,
-                       .x_stride = xs, .y_stride = ys, .vec = vec, .plan = plan};
+                       .x_stride = xs, .y_stride = ys, .vec = vec, .plan = pl};
   return CudaStatus(internal::LaunchLinearKernel(p, stream), "linear launch");
 }
+
+absl::Status LaunchLinear(const LinearArgs& a, cudaStream_t stream) { return LaunchLinearWithPlan(a, nullptr, stream); }
 
 }  // namespace dsv4::kernels::cuda

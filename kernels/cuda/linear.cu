@@ -1,8 +1,9 @@
 // The CUDA linear kernels (contract: linear_params.h; host side: linear.cc).
 //
-// FP8 block-128 and BF16 weights go through one tensor-core kernel, "swap AB": the weight rows are the MMA's
-// M dimension (16-row tiles) and the tokens its N dimension (8-token tiles), so a decode step of a few tokens
-// wastes no weight bandwidth on padding rows. Every thread reads its operands straight from global memory into
+// FP8 block-128 and BF16 weights go through two tensor-core kernels (linear_params.h LinearKernel; the plan in
+// linear.cc picks one per shape), both "swap AB": the weight rows are the MMA's M dimension (16-row tiles) and
+// the tokens its N dimension (8-token tiles), so a decode step of a few tokens wastes no weight bandwidth on
+// padding rows. The tiled kernel (LinearMmaKernel) reads its operands straight from global memory into
 // registers, no shared-memory staging: within one 64-wide K step thread (g, q) of a warp (g = lane / 4,
 // q = lane % 4) owns the 16 consecutive K elements [64 s + 16 q, +16) of weight rows g and g + 8 of each tile
 // and of token g of each token tile. A dot product does not care in which order K is summed, so the MMA's
@@ -10,15 +11,16 @@
 //   MMA k-step j (0..3), slots 2q, 2q+1  <-  elements 4j, 4j+1      slots 2q+8, 2q+9  <-  elements 4j+2, 4j+3
 // which makes every load a 16-byte vector and needs no shuffles. e4m3 -> bf16 is exact (hardware e4m3x2 ->
 // f16x2, then f32, then bf16: 4 significant bits fit), x is rounded to bf16, accumulation is fp32 and the f32
-// block scale multiplies each 64-wide step's partial sum (a 16-row tile never straddles a 128-row scale block).
+// block scale of each row multiplies each 64-wide step's partial sum.
 //
-// Split K: a block's warps_k warps take every warps_k-th step of the same tiles (decode needs many warps in flight
-// for bandwidth when N is small) and add their partial sums in shared memory in a fixed order: results are
-// deterministic and do not depend on the split.
+// Split K in the tiled kernel: a block's warps_k warps take every warps_k-th step of the same tiles and add their
+// partial sums in shared memory in a fixed order, so results are deterministic. The split-K kernel
+// (LinearSplitKernel, below) stages x in shared memory and splits K over a thread-block cluster as well.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/linear_params.h"
@@ -276,6 +278,326 @@ __global__ void __launch_bounds__(NW == 1 ? 512 : 256) LinearMmaKernel(const Lin
   }
 }
 
+// ---- kSplitK: the decode kernel -------------------------------------------------------------------------------
+//
+// The MMA mapping of LinearMmaKernel (a thread owns 16 consecutive K elements of rows g and g + 8 per 64-wide
+// sub-step; K order is free), with:
+//  - full 128-byte row segments per load: a step is 128 K elements for FP8 (thread q loads the 32 contiguous
+//    bytes [32q, 32q + 32) of each row: sub-step 0 takes [32q, +16), sub-step 1 [32q + 16, +16)) and 64 for BF16
+//    (32 bytes = 16 elements per thread, as before), so one warp's loads cover whole 128-byte lines of 16 rows;
+//  - x staged once per block: the block's token tile x its K slice, rounded to bf16, in shared memory; row pitch
+//    k_slice + 4 elements (8 bytes past a multiple of 128 bytes) and, inside each 128-element chunk, 16-element
+//    units swizzled (unit w stored at w ^ (w >> 2 & 1)), so the B fragments' 8-byte reads of a half-warp hit 16
+//    distinct bank pairs for both step shapes;
+//  - each warp keeps kRing steps of weights (and their FP8 block scales) in flight in a register ring, issued
+//    before x is staged and re-issued kRing steps ahead as soon as a slot is converted;
+//  - K is split over warps_k warps of a block and over the `cluster` blocks of a thread-block cluster (grid x =
+//    cluster rank = K slice); every warp parks its partial sums in its block's shared memory, each block adds
+//    its warps' sums (warp 0..warps_k-1), and after a cluster barrier the cluster's threads add the blocks' sums
+//    (rank 0..cluster-1, distributed shared memory reads): a fixed order, so the result is deterministic.
+// Grid: (cluster, token tiles of 8*NW, groups * row blocks of 16*MW*warps_m rows).
+
+// 64-wide sub-steps per step (one FP8 block-128 column per step) and raw 32-bit words per row and sub-step.
+template <LinearKernelFormat F>
+constexpr int kSub = F == LinearKernelFormat::kFp8 ? 2 : 1;
+
+// Steps in flight per warp: 16 registers of raw weights per row half and tile (2 KB per warp and step at MW 1).
+template <LinearKernelFormat F, int MW>
+constexpr int kRing = 16 / (MW * kSub<F> * kRawWords<F>) > 0 ? 16 / (MW * kSub<F> * kRawWords<F>) : 1;
+
+// Shared-memory position of x element e of a block's slice row (the unit swizzle above).
+__device__ __forceinline__ int64_t XPos(int64_t e) {
+  const int64_t w = (e >> 4) & 7;
+  return (e & ~int64_t{127}) | ((w ^ ((w >> 2) & 1)) << 4) | (e & 15);
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Barrier over every thread of the cluster; the arrive releases and the wait acquires the blocks' shared memory.
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// The float at `local`'s offset in the shared memory of cluster block `rank`.
+__device__ __forceinline__ float LoadClusterShared(const float* local, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SharedAddress(local)), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  (void)rank;
+  __trap();
+  return *local;
+#endif
+}
+
+// Four x elements [k, k + 4) of row `off` (element offset of the row's group start) as two bf16x2 words; zeros
+// past Kin.
+__device__ __forceinline__ uint2 LoadX4(const LinearParams& p, int64_t off, int64_t k) {
+  uint2 out{0u, 0u};
+  if (p.vec && k + 4 <= p.k) {
+    if (p.x_bf16) {
+      out = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + off + k));
+    } else {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + off + k));
+      out.x = PackBf16x2(v.x, v.y);
+      out.y = PackBf16x2(v.z, v.w);
+    }
+    return out;
+  }
+  float v[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[e] = 0.f;
+    if (k + e < p.k) {
+      v[e] = p.x_bf16 ? __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(p.x)[off + k + e]))
+                      : static_cast<const float*>(p.x)[off + k + e];
+    }
+  }
+  out.x = PackBf16x2(v[0], v[1]);
+  out.y = PackBf16x2(v[2], v[3]);
+  return out;
+}
+
+template <LinearKernelFormat F, int MW, int NW>
+__global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const LinearParams p) {
+  extern __shared__ __align__(16) unsigned char split_smem[];
+  constexpr int kRaw = kRawWords<F>;
+  constexpr int kS = kSub<F>;
+  constexpr int kStep = kStepK * kS;  // K elements per step
+  constexpr int kAcc = MW * NW * 4;
+  constexpr int kTokens = 8 * NW;
+  constexpr int kD = kRing<F, MW>;
+  constexpr bool kFp8 = F == LinearKernelFormat::kFp8;
+  constexpr int64_t kEsize = kFp8 ? 1 : 2;
+  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m, cluster = p.plan.cluster;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wk = warp % warps_k, wm = warp / warps_k;
+  const int g = lane >> 2, q = lane & 3;
+  const int rank = static_cast<int>(blockIdx.x);  // cluster (1, 1, cluster) x = rank: this block's K slice
+  const int64_t tok0 = static_cast<int64_t>(blockIdx.y) * kTokens;
+  const int64_t rows_per_block = int64_t{16} * MW * warps_m;
+  const int64_t row_blocks = (p.n + rows_per_block - 1) / rows_per_block;
+  const int64_t grp = blockIdx.z / row_blocks;
+  const int64_t row0 = (blockIdx.z % row_blocks) * rows_per_block + int64_t{16} * MW * wm;
+  const int64_t slice_steps = p.plan.k_slice / kStep;
+  const int64_t steps = (p.k + kStep - 1) / kStep;
+  const int64_t s_begin = rank * slice_steps;
+  const int64_t block_steps = s_begin >= steps ? 0 : (steps - s_begin < slice_steps ? steps - s_begin : slice_steps);
+  const int my_steps = block_steps > wk ? static_cast<int>((block_steps - wk + warps_k - 1) / warps_k) : 0;
+
+  // Rows row0 + 16 i + g + 8 h of this group (h = 0: "lo", 1: "hi").
+  const void* rows[MW][2];
+  bool row_ok[MW][2];
+  const float* scale_row[MW][2];  // FP8: the rows' block-scale rows
+#pragma unroll
+  for (int i = 0; i < MW; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t r = row0 + 16 * i + g + 8 * h;
+      row_ok[i][h] = r < p.n;
+      const int64_t gr = grp * p.n + (row_ok[i][h] ? r : 0);
+      rows[i][h] = static_cast<const uint8_t*>(p.w) + gr * p.k * kEsize;
+      scale_row[i][h] = kFp8 ? p.scale + (gr / kScaleBlock) * p.scale_cols : nullptr;
+    }
+  }
+  // Step (global) of this warp's local step `it`, and the first K element of this thread's elements in it.
+  auto step_of = [&](int it) { return s_begin + wk + static_cast<int64_t>(it) * warps_k; };
+  // Requests step `it`'s weights (and FP8 block scales) into a ring slot.
+  auto request = [&](int it, uint32_t (&raw)[MW][2][kS][kRaw], float (&sc)[MW][2]) {
+    const int64_t s = step_of(it);
+    const int64_t k = s * kStep + 16 * kS * q;
+#pragma unroll
+    for (int i = 0; i < MW; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int u = 0; u < kS; ++u) LoadWeights<F>(p, rows[i][h], row_ok[i][h], k + 16 * u, raw[i][h][u]);
+        sc[i][h] = 1.f;
+        if constexpr (kFp8) sc[i][h] = row_ok[i][h] ? __ldg(scale_row[i][h] + s) : 0.f;
+      }
+    }
+  };
+
+  // The first kD steps are requested before x is staged, so they fly meanwhile.
+  uint32_t ring[kD][MW][2][kS][kRaw];
+  float ring_sc[kD][MW][2];
+#pragma unroll
+  for (int d = 0; d < kD; ++d) {
+    if (d < my_steps) request(d, ring[d], ring_sc[d]);
+  }
+
+  // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin), 4 elements per thread and pass.
+  uint16_t* xs = reinterpret_cast<uint16_t*>(split_smem);
+  const int64_t pitch = p.plan.k_slice + 4;
+  {
+    const int64_t quads = p.plan.k_slice / 4;
+    const int64_t k_base = s_begin * kStep;
+    for (int64_t idx = threadIdx.x; idx < kTokens * quads; idx += blockDim.x) {
+      const int64_t r = idx / quads, c = (idx % quads) * 4;
+      const int64_t t = tok0 + r, k = k_base + c;
+      uint2 v{0u, 0u};
+      if (t < p.t && k < p.k) v = LoadX4(p, t * p.x_stride + grp * p.k, k);
+      *reinterpret_cast<uint2*>(xs + r * pitch + XPos(c)) = v;
+    }
+  }
+  __syncthreads();
+
+  float acc[MW][NW][4];
+#pragma unroll
+  for (int i = 0; i < MW; ++i)
+#pragma unroll
+    for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][jn][c] = 0.f;
+
+  for (int base = 0; base < my_steps; base += kD) {
+#pragma unroll
+    for (int d = 0; d < kD; ++d) {
+      const int it = base + d;
+      if (it < my_steps) {
+        const int64_t ls = step_of(it) - s_begin;  // local step: x columns [ls * kStep, +kStep)
+        float sc[MW][2];
+#pragma unroll
+        for (int i = 0; i < MW; ++i) sc[i][0] = ring_sc[d][i][0], sc[i][1] = ring_sc[d][i][1];
+        float part[MW][NW][4];
+#pragma unroll
+        for (int i = 0; i < MW; ++i)
+#pragma unroll
+          for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) part[i][jn][c] = 0.f;
+#pragma unroll
+        for (int u = 0; u < kS; ++u) {
+          uint32_t a[MW][2][8];
+#pragma unroll
+          for (int i = 0; i < MW; ++i)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) WeightsToBf16<F>(ring[d][i][h][u], a[i][h]);
+          // The slot is free once its last sub-step is converted: request the step kD ahead into it.
+          if (u == kS - 1 && it + kD < my_steps) request(it + kD, ring[d], ring_sc[d]);
+          const uint16_t* xrow = xs + g * pitch;
+          // This thread's 16 elements of the sub-step, as slice columns.
+          const int64_t e0 = ls * kStep + 16 * (kS * q + u);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int64_t pos = XPos(e0 + 4 * j);
+#pragma unroll
+            for (int jn = 0; jn < NW; ++jn) {
+              const uint2 b = *reinterpret_cast<const uint2*>(xrow + 8 * jn * pitch + pos);
+#pragma unroll
+              for (int i = 0; i < MW; ++i)
+                Mma16816(part[i][jn], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1], b.x,
+                         b.y);
+            }
+          }
+        }
+        // The step's block scale per row (1 for BF16), in fp32.
+#pragma unroll
+        for (int i = 0; i < MW; ++i)
+#pragma unroll
+          for (int jn = 0; jn < NW; ++jn) {
+            acc[i][jn][0] += sc[i][0] * part[i][jn][0];
+            acc[i][jn][1] += sc[i][0] * part[i][jn][1];
+            acc[i][jn][2] += sc[i][1] * part[i][jn][2];
+            acc[i][jn][3] += sc[i][1] * part[i][jn][3];
+          }
+      }
+    }
+  }
+
+  // c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
+  if (warps_k * cluster == 1) {
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
+          const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
+          if (r < p.n && t < p.t) p.y[t * p.y_stride + grp * p.n + r] = acc[i][jn][c];
+        }
+    return;
+  }
+
+  // Split: every warp parks its partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c). Then, in a fixed
+  // order: each block adds its warps_k warps' sums (in place, into warp (wm, 0)'s slot), and after a cluster
+  // barrier the cluster adds the blocks' sums in rank order (distributed shared memory). All loads of a sum are
+  // issued before its adds, so a sum costs one load latency, not one per term.
+  float* red = reinterpret_cast<float*>(split_smem + ((kTokens * pitch * 2 + 15) / 16) * 16);
+  {
+    float* dst = red + static_cast<int64_t>(wm * warps_k + wk) * kAcc * 32 + lane;
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dst[32 * ((i * NW + jn) * 4 + c)] = acc[i][jn][c];
+  }
+  __syncthreads();
+  const int64_t block_row0 = (blockIdx.z % row_blocks) * rows_per_block;
+  const int total = warps_m * kAcc * 32;
+  // Element e of the block's tile: warp row em, accumulator v, lane el -> output (row r, token t), or false.
+  auto element = [&](int e, int& em, int& v, int& el, int64_t& r, int64_t& t) {
+    em = e / (kAcc * 32), v = (e / 32) % kAcc, el = e % 32;
+    const int i = v / (NW * 4), jn = (v / 4) % NW, c = v % 4;
+    r = block_row0 + int64_t{16} * MW * em + 16 * i + (el >> 2) + 8 * (c / 2);
+    t = tok0 + 8 * jn + 2 * (el & 3) + (c % 2);
+    return r < p.n && t < p.t;
+  };
+  if (warps_k > 1) {
+    for (int e = static_cast<int>(threadIdx.x); e < total; e += static_cast<int>(blockDim.x)) {
+      int em, v, el;
+      int64_t r, t;
+      if (!element(e, em, v, el, r, t)) continue;
+      float part[kSplitWarps];
+#pragma unroll
+      for (int w = 0; w < kSplitWarps; ++w) {
+        part[w] = w < warps_k ? red[(static_cast<int64_t>(em * warps_k + w) * kAcc + v) * 32 + el] : 0.f;
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kSplitWarps; ++w) {
+        if (w < warps_k) sum += part[w];
+      }
+      if (cluster == 1) {
+        p.y[t * p.y_stride + grp * p.n + r] = sum;
+      } else {
+        red[(static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el] = sum;
+      }
+    }
+  }
+  if (cluster == 1) return;
+  ClusterSync();
+  for (int e = rank * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); e < total;
+       e += cluster * static_cast<int>(blockDim.x)) {
+    int em, v, el;
+    int64_t r, t;
+    if (!element(e, em, v, el, r, t)) continue;
+    const float* src = red + (static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el;
+    float part[8];
+#pragma unroll
+    for (int b = 0; b < 8; ++b) part[b] = b < cluster ? LoadClusterShared(src, static_cast<uint32_t>(b)) : 0.f;
+    float sum = 0.f;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      if (b < cluster) sum += part[b];
+    }
+    p.y[t * p.y_stride + grp * p.n + r] = sum;
+  }
+  // No block may leave while another still reads its shared memory.
+  ClusterSync();
+}
+
 // F32 weights: one warp per output row, 4 tokens at a time, plain fp32 FMAs (x not rounded).
 constexpr int kF32Warps = 8;
 constexpr int kF32Tokens = 4;
@@ -314,11 +636,44 @@ template <LinearKernelFormat F, int MW, int NW>
 cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
   const LinearPlan& pl = p.plan;
   const int64_t rows_per_block = 16 * MW * pl.warps_m;
-  const dim3 grid(static_cast<unsigned>((p.n + rows_per_block - 1) / rows_per_block),
-                  static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)), static_cast<unsigned>(p.groups));
-  const dim3 block(32 * pl.warps_m * pl.warps_k);
-  LinearMmaKernel<F, MW, NW><<<grid, block, internal::LinearSharedBytes(pl), stream>>>(p);
-  return cudaGetLastError();
+  const int64_t row_blocks = (p.n + rows_per_block - 1) / rows_per_block;
+  if (pl.kernel == LinearKernel::kTiled) {
+    const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),
+                    static_cast<unsigned>(p.groups));
+    const dim3 block(32 * pl.warps_m * pl.warps_k);
+    LinearMmaKernel<F, MW, NW><<<grid, block, internal::LinearSharedBytes(pl), stream>>>(p);
+    return cudaGetLastError();
+  }
+  if constexpr (MW == 2 && NW == 4) {
+    return cudaErrorInvalidValue;  // kSplitK has no 2 x 4 tile per warp (it would spill: the planner never asks)
+  } else {
+    // kSplitK: the shared-memory limit is raised once per instantiation and device (to the most any plan takes).
+    static std::atomic<uint64_t> raised{0};
+    int device = 0;
+    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    const uint64_t bit = uint64_t{1} << (device & 63);
+    if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
+      const cudaError_t e = cudaFuncSetAttribute(LinearSplitKernel<F, MW, NW>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kSplitMaxSharedBytes));
+      if (e != cudaSuccess) return e;
+      raised.fetch_or(bit, std::memory_order_relaxed);
+    }
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(pl.cluster), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),
+                          static_cast<unsigned>(row_blocks * p.groups));
+    config.blockDim = dim3(static_cast<unsigned>(32 * pl.warps_m * pl.warps_k));
+    config.dynamicSmemBytes = static_cast<size_t>(internal::LinearSharedBytes(pl));
+    config.stream = stream;
+    cudaLaunchAttribute cluster_dim[1];
+    cluster_dim[0].id = cudaLaunchAttributeClusterDimension;
+    cluster_dim[0].val.clusterDim.x = static_cast<unsigned>(pl.cluster);
+    cluster_dim[0].val.clusterDim.y = 1;
+    cluster_dim[0].val.clusterDim.z = 1;
+    config.attrs = cluster_dim;
+    config.numAttrs = pl.cluster > 1 ? 1 : 0;
+    return cudaLaunchKernelEx(&config, LinearSplitKernel<F, MW, NW>, p);
+  }
 }
 
 template <LinearKernelFormat F>
@@ -339,7 +694,11 @@ cudaError_t LaunchMmaFormat(const LinearParams& p, cudaStream_t stream) {
 namespace internal {
 
 int64_t LinearSharedBytes(const LinearPlan& plan) {
-  return int64_t{4} * plan.warps_m * (plan.warps_k - 1) * 32 * plan.m_tiles * plan.n_tiles * 4;
+  const int64_t acc_bytes = int64_t{4} * 32 * plan.m_tiles * plan.n_tiles * 4;  // one warp's partial sums
+  if (plan.kernel == LinearKernel::kTiled) return plan.warps_m * (plan.warps_k - 1) * acc_bytes;
+  const int64_t x_bytes = (int64_t{8} * plan.n_tiles * (plan.k_slice + 4) * 2 + 15) / 16 * 16;
+  const bool split = plan.warps_k * plan.cluster > 1;
+  return x_bytes + (split ? int64_t{plan.warps_m} * plan.warps_k * acc_bytes : 0);
 }
 
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream) {

@@ -1,13 +1,20 @@
 // The CUDA backend's prepared linear weight: the checkpoint's bytes in device memory (FP8 block-128 with its
 // scales turned into f32 once, BF16, F32), read by the linear kernels (linear.cu) and dequantised only in
 // registers. Made by PrepareCudaLinear (launchers.h); LaunchLinear takes any LinearWeight and refuses the ones
-// another backend prepared.
+// another backend prepared. Also the linear's plans (which kernel and work split a shape gets) for benchmarks.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <utility>
 
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/linear_params.h"
+#include "kernels/ops.h"
 #include "kernels/weights.h"
 
 namespace dsv4::kernels::cuda {
@@ -26,5 +33,20 @@ class CudaLinearWeight final : public LinearWeight {
   Buffer data_;
   Buffer scale_;
 };
+
+// Plans of the tensor-core kernels for T tokens of a [groups * n, k] weight on `sms` SMs (linear_params.h).
+// AutoLinearPlan is what LaunchLinear runs (the per-shape kernel choice, from measurements: linear.cc); the
+// others let dsv4-gemm-bench time alternatives in the same run.
+LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format);
+// kSplitK with m_tiles (1, 2; 0: chosen) and splits = cluster * warps_k (a power of two <= 64; 0: chosen);
+// nullopt above kSplitMaxTokens or when the x slice cannot fit shared memory.
+std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int m_tiles = 0,
+                                           int splits = 0);
+LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms);
+// "splitk m1 n1 w8x1 c2 ks512", "tiled m2 n1 w8x1".
+std::string LinearPlanName(const LinearPlan& plan);
+// LaunchLinear with `plan` instead of the automatic one (null: automatic); the plan is checked against its
+// limits first (InvalidArgument). F32 weights ignore it.
+absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, cudaStream_t stream);
 
 }  // namespace dsv4::kernels::cuda

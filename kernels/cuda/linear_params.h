@@ -17,14 +17,37 @@ namespace dsv4::kernels::cuda {
 
 enum class LinearKernelFormat { kFp8, kBf16, kF32 };
 
-// Work split of the tensor-core kernel, planned on the host from (groups, N, T, Kin): each warp computes
-// 16*m_tiles rows x 8*n_tiles tokens over every warps_k-th 64-wide K step; a block holds warps_m x warps_k
-// warps and reduces the warps_k partial sums in shared memory in a fixed order (deterministic).
+// Which tensor-core kernel a plan runs (both compute the same sums; plans differ only in summation order).
+//   kTiled  - the first kernel: every warp loads its weights and x straight from global memory, one step ahead;
+//             K split over the warps of a block. Kept for prefill (T > kSplitMaxTokens) where it has tiles to spare.
+//   kSplitK - decode (T <= kSplitMaxTokens): x staged once per block in shared memory as bf16, each warp keeps
+//             several 64-wide weight steps in flight, K split over the warps of a block AND over the blocks of a
+//             thread-block cluster (up to 8), the partial sums added through distributed shared memory in a
+//             fixed order, so every weight shape fills the GPU and results are deterministic.
+enum class LinearKernel { kTiled, kSplitK };
+
+// Largest token count the split-K kernel takes (4 token tiles of 32); more goes to kTiled.
+inline constexpr int64_t kSplitMaxTokens = 128;
+// Warps of a split-K block (warps_m * warps_k) and its shared memory: the x slice [8*n_tiles, k_slice + 4] bf16
+// (<= kSplitXBytes) + the partial sums [warps][4*m_tiles*n_tiles][32 lanes] f32 (<= 32 KB): two blocks fit an SM.
+inline constexpr int kSplitWarps = 8;
+inline constexpr int64_t kSplitXBytes = 68 * 1024;
+inline constexpr int64_t kSplitMaxSharedBytes = kSplitXBytes + 16 + 32 * 1024;
+
+// Work split of the tensor-core kernels, planned on the host from (groups, N, T, Kin): each warp computes
+// 16*m_tiles rows x 8*n_tiles tokens over its share of the 64-wide K steps. kTiled: a block holds warps_m x
+// warps_k warps, warp wk takes every warps_k-th step, and the warps_k partial sums are added in shared memory in
+// a fixed order. kSplitK: a cluster of `cluster` blocks (grid x) splits K into slices of k_slice elements; inside
+// a block warp wk takes every warps_k-th step of the block's slice; all cluster * warps_k partial sums of an
+// output are added in a fixed order (block rank, then warp). Either way results are deterministic.
 struct LinearPlan {
+  LinearKernel kernel = LinearKernel::kTiled;
   int m_tiles = 2;   // MW: 16-row MMA tiles per warp (1 or 2)
   int n_tiles = 1;   // NW: 8-token MMA tiles per warp (1, 2 or 4)
   int warps_m = 8;   // WM
-  int warps_k = 1;   // WK (warps_m * warps_k <= 16)
+  int warps_k = 1;   // WK (kTiled: warps_m * warps_k <= 16; kSplitK: <= kSplitWarps)
+  int cluster = 1;   // kSplitK: blocks of a cluster splitting K (1, 2, 4 or 8)
+  int64_t k_slice = 0;  // kSplitK: K elements per block (a multiple of 128; cluster * k_slice >= Kin)
 };
 
 struct LinearParams {
@@ -47,7 +70,8 @@ struct LinearParams {
 namespace internal {
 // Enqueues the kernel for `p` (sizes already validated); returns the launch error, if any.
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream);
-// Dynamic shared memory the tensor-core kernel of `plan` takes (the split-K reduction).
+// Dynamic shared memory the tensor-core kernel of `plan` takes (kTiled: the split-K reduction; kSplitK: the x
+// slice and the partial sums).
 int64_t LinearSharedBytes(const LinearPlan& plan);
 }  // namespace internal
 

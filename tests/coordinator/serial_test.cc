@@ -295,10 +295,15 @@ TEST_F(CoordinatorSerialTest, SoakMixedTrafficHoldsCountersPagesAndMemory) {
   EXPECT_GT(t.requests, 8 * seconds / 10) << "the soak barely ran";
   EXPECT_GT(t.cancelled, 0);
   EXPECT_GT(t.stop, 0);
-  // Requests by outcome: exactly what the client saw.
-  EXPECT_EQ(Finished(c1, "length") - Finished(c0, "length"), t.length);
+  // Requests by outcome: what the client saw, except that a cancel races the stream's end: a request the client
+  // cancelled may already have finished with LENGTH on the coordinator (its last tokens in flight), never the
+  // other way round. So aborts <= cancels, and length + abort together are exact.
+  const double server_length = Finished(c1, "length") - Finished(c0, "length");
+  const double server_abort = Finished(c1, "abort") - Finished(c0, "abort");
+  EXPECT_EQ(server_length + server_abort, t.length + t.cancelled);
+  EXPECT_LE(server_abort, t.cancelled);
+  EXPECT_GE(server_length, t.length);
   EXPECT_EQ(Finished(c1, "stop") - Finished(c0, "stop"), t.stop);
-  EXPECT_EQ(Finished(c1, "abort") - Finished(c0, "abort"), t.cancelled);
   EXPECT_EQ(Finished(c1, "error") - Finished(c0, "error"), 0);
   EXPECT_EQ(Sample(c1, "dsv4_coordinator_failovers_total") - Sample(c0, "dsv4_coordinator_failovers_total"), 0);
   // Prompt tokens: exactly the client's prompts, on the coordinator and summed over the groups.

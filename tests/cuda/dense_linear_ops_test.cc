@@ -1,7 +1,9 @@
 // The CUDA Linear against the CPU reference Linear (cuda_ops_test, label gpu): FP8 block-128 (ue8m0 and f32
-// scales), BF16 and F32 weights at the projections of configs/flash.json and tiny.json, decode token counts
-// and prefill chunks, grouped (wo_a), strided, bf16 activations, odd sizes that take the unaligned paths,
-// T = 0. Outputs start as a sentinel, so an element not written (or written outside its row) fails.
+// scales), BF16 and F32 weights at the projections of configs/flash.json (TP 1 and the TP-4 shard) and
+// tiny.json, every decode token count (the split-K kernel) and prefill chunks (the tiled kernel), grouped
+// (wo_a), strided, bf16 activations, odd sizes that take the unaligned paths, T = 0; forced plans of both
+// kernels (m-tiles, K splits up to 64, clusters with blocks past the end of K) must agree with the CPU too.
+// Outputs start as a sentinel, so an element not written (or written outside its row) fails.
 //
 // Two tolerances: with x already on the bf16 grid the CUDA kernel's only difference is the order of the fp32
 // sums (rel <= 2e-5); with raw fp32 x its bf16 rounding of x adds ~1e-3 (rel <= 5e-3).
@@ -9,6 +11,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/float_formats.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/linear.h"
 #include "tests/cuda/test_util.h"
 
 namespace dsv4::kernels::cuda {
@@ -35,6 +39,15 @@ using testing::Upload;
 using testing::UploadBytes;
 
 constexpr float kSentinel = 12345.f;
+
+int CurrentSms() {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    return 132;
+  }
+  return sms;
+}
 constexpr double kTightRel = 2e-5;  // x on the bf16 grid: summation order only
 constexpr double kBf16Rel = 5e-3;   // raw x: the kernel rounds it to bf16
 
@@ -48,6 +61,7 @@ struct LinearCase {
   bool x_bf16 = false;   // x handed over as bf16
   bool scale_f32 = false;
   int64_t x_pad = 0, y_pad = 0;  // extra elements per row (strides)
+  std::optional<LinearPlan> plan = std::nullopt;  // forced through LaunchLinearWithPlan (default: LaunchLinear's own)
 };
 
 // Runs one case on both backends and compares the whole y (the padding columns must keep the sentinel).
@@ -81,13 +95,29 @@ void CheckLinear(const LinearCase& c) {
                       .groups = c.groups, .x_stride = c.x_pad ? xs : 0, .y_stride = c.y_pad ? ys : 0};
   };
   b.cpu.ops().Linear(args(*wc, xc, yc));
-  b.cuda.ops().Linear(args(*wg, xg, yg));
+  if (c.plan) {
+    const absl::Status launched =
+        LaunchLinearWithPlan(args(*wg, xg, yg), &*c.plan, static_cast<CudaBackend&>(b.cuda).stream());
+    ASSERT_TRUE(launched.ok()) << launched;
+  } else {
+    b.cuda.ops().Linear(args(*wg, xg, yg));
+  }
   ASSERT_TRUE(b.cpu.Synchronize().ok());
   const absl::Status s = b.cuda.Synchronize();
   ASSERT_TRUE(s.ok()) << s;
   const std::vector<float> want = Download(b.cpu, yc, c.t * ys), got = Download(b.cuda, yg, c.t * ys);
   const bool tight = c.round_x || c.x_bf16 || c.format == WeightFormat::kF32;
-  ExpectClose(absl::StrCat(c.what, " [", c.n, "x", c.k, "] T=", c.t), got, want, tight ? kTightRel : kBf16Rel);
+  std::string what = absl::StrCat(c.what, " [", c.n, "x", c.k, "] T=", c.t);
+  if (c.plan) absl::StrAppend(&what, " ", LinearPlanName(*c.plan));
+  ExpectClose(what, got, want, tight ? kTightRel : kBf16Rel);
+}
+
+// The split-K plan with forced m-tiles / splits for case `c` (fails the test when there is none).
+LinearPlan SplitPlan(const LinearCase& c, int m_tiles, int splits) {
+  std::optional<LinearPlan> plan =
+      PlanSplitKLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms(), m_tiles, splits);
+  EXPECT_TRUE(plan.has_value()) << c.what << " m_tiles " << m_tiles << " splits " << splits;
+  return plan.value_or(LinearPlan{});
 }
 
 TEST(DenseLinear, Fp8FlashDecode) {
@@ -100,6 +130,95 @@ TEST(DenseLinear, Fp8FlashDecode) {
   CheckLinear({.what = "shared w1", .n = 2048, .k = 4096, .t = 12});
   CheckLinear({.what = "shared w2", .n = 4096, .k = 2048, .t = 33});
   CheckLinear({.what = "indexer wq_b", .n = 8192, .k = 1024, .t = 64});
+}
+
+TEST(DenseLinear, Fp8EveryDecodeTokenCount) {
+  DSV4_REQUIRE_GPU();
+  for (const int64_t t : {1, 2, 4, 8, 16, 32, 64, 128}) {
+    CheckLinear({.what = "wq_a", .n = 1024, .k = 4096, .t = t});
+  }
+  CheckLinear({.what = "wkv", .n = 512, .k = 4096, .t = 32});
+  CheckLinear({.what = "wkv", .n = 512, .k = 4096, .t = 128});
+  CheckLinear({.what = "wo_b (cluster of 8)", .n = 4096, .k = 8192, .t = 1});
+  CheckLinear({.what = "wo_b", .n = 4096, .k = 8192, .t = 4});
+  CheckLinear({.what = "indexer wq_b, 4 token tiles", .n = 8192, .k = 1024, .t = 128});
+  CheckLinear({.what = "indexer wq_b, a partial token tile", .n = 8192, .k = 1024, .t = 100});
+}
+
+TEST(DenseLinear, Fp8Tp4ShardDecode) {
+  DSV4_REQUIRE_GPU();
+  CheckLinear({.what = "wq_b tp4", .n = 8192, .k = 1024, .t = 2});
+  CheckLinear({.what = "wo_a tp4 groups 2", .n = 2048, .k = 4096, .t = 3, .groups = 2});
+  CheckLinear({.what = "wo_a tp4 groups 2", .n = 2048, .k = 4096, .t = 32, .groups = 2});
+  CheckLinear({.what = "wo_b tp4", .n = 4096, .k = 2048, .t = 16});
+  CheckLinear({.what = "shared w1 tp4", .n = 512, .k = 4096, .t = 8});
+  CheckLinear({.what = "shared w2 tp4", .n = 4096, .k = 512, .t = 8});
+}
+
+TEST(DenseLinear, Bf16DecodeSplitK) {
+  DSV4_REQUIRE_GPU();
+  const WeightFormat bf16 = WeightFormat::kBF16;
+  CheckLinear({.what = "weights_proj, 64 splits", .format = bf16, .n = 64, .k = 4096, .t = 1});
+  CheckLinear({.what = "weights_proj", .format = bf16, .n = 64, .k = 4096, .t = 32});
+  CheckLinear({.what = "indexer compressor", .format = bf16, .n = 256, .k = 4096, .t = 16, .x_bf16 = true});
+  CheckLinear({.what = "compressor r128", .format = bf16, .n = 512, .k = 4096, .t = 128});
+}
+
+// Forced plans: every m-tile / split combination the split-K kernel has, on shapes with K tails (blocks of a
+// cluster past the end of K), N not a multiple of the block's rows, groups, strides and unaligned rows.
+TEST(DenseLinear, SplitKForcedPlans) {
+  DSV4_REQUIRE_GPU();
+  std::vector<LinearCase> cases = {
+      {.what = "wq_a", .n = 1024, .k = 4096, .t = 3},
+      {.what = "wq_a 16 tokens", .n = 1024, .k = 4096, .t = 16},
+      {.what = "K tail", .n = 130, .k = 4096 + 48, .t = 2},
+      {.what = "odd N and K (unaligned)", .n = 200, .k = 328, .t = 9},
+      {.what = "groups of 40 rows", .n = 80, .k = 256, .t = 3, .groups = 2},
+      {.what = "strided x and y", .n = 512, .k = 1024, .t = 5, .x_pad = 64, .y_pad = 8},
+      {.what = "strided, grouped, 40 tokens", .n = 1024, .k = 512, .t = 40, .groups = 4, .x_pad = 16, .y_pad = 3},
+      {.what = "bf16 x, bf16 W", .format = WeightFormat::kBF16, .n = 96, .k = 640, .t = 7, .x_bf16 = true},
+      {.what = "raw x, f32 scales", .n = 256, .k = 1024, .t = 12, .round_x = false, .scale_f32 = true},
+  };
+  for (LinearCase c : cases) {
+    for (const int m_tiles : {1, 2}) {
+      if (m_tiles == 2 && c.t > 16) continue;  // no 2 x 4 tile
+      for (const int splits : {1, 2, 8, 16, 64}) {
+        c.plan = SplitPlan(c, m_tiles, splits);
+        CheckLinear(c);
+      }
+    }
+    c.plan = PlanTiledLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms());
+    CheckLinear(c);
+  }
+}
+
+TEST(DenseLinear, BadPlansAreRefused) {
+  DSV4_REQUIRE_GPU();
+  auto b = GetBackends();
+  std::mt19937 rng(5);
+  HostWeight hw = RandomWeight(rng, WeightFormat::kFp8Block128, 256, 1024);
+  auto w = b.cuda.PrepareLinear(hw.view);
+  ASSERT_TRUE(w.ok()) << w.status();
+  Buffer x = Upload(b.cuda, RandomNormal(rng, 4 * 1024)), y = testing::Poisoned(b.cuda, 4 * 256);
+  const LinearArgs args{.w = w->get(), .x = {.data = x.data()}, .y = y.as<float>(), .t = 4};
+  const LinearPlan good = *PlanSplitKLinear(4, 256, 1024, 1, CurrentSms(), 1, 8);
+  const cudaStream_t stream = static_cast<CudaBackend&>(b.cuda).stream();
+  LinearPlan bad = good;
+  bad.k_slice = 64;  // cluster * k_slice < Kin
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.cluster = 3;
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.warps_m = 8, bad.warps_k = 2;  // 16 warps
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.m_tiles = 2, bad.n_tiles = 4;
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(PlanSplitKLinear(129, 256, 1024, 1, 132).has_value());
+  EXPECT_FALSE(PlanSplitKLinear(32, 256, 1024, 1, 132, 2).has_value());
+  EXPECT_TRUE(LaunchLinearWithPlan(args, &good, stream).ok());
+  ASSERT_TRUE(b.cuda.Synchronize().ok());
 }
 
 TEST(DenseLinear, Fp8FlashGroupedWoA) {
@@ -177,7 +296,7 @@ TEST(DenseLinear, Deterministic) {
   HostWeight hw = RandomWeight(rng, WeightFormat::kFp8Block128, 1024, 4096);
   auto w = b.cuda.PrepareLinear(hw.view);
   ASSERT_TRUE(w.ok()) << w.status();
-  for (const int64_t t : {1, 24}) {
+  for (const int64_t t : {1, 24, 128, 200}) {
     Buffer x = Upload(b.cuda, RandomNormal(rng, t * 4096));
     Buffer y1 = testing::Poisoned(b.cuda, t * 1024), y2 = testing::Poisoned(b.cuda, t * 1024);
     b.cuda.ops().Linear({.w = w->get(), .x = {.data = x.data()}, .y = y1.as<float>(), .t = t});
