@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build and the tests need, only those that are missing.
+# clang and its sanitizer/libFuzzer runtimes are for scripts/sanitize.sh (docs/security.md).
 # Idempotent; needs root (or sudo) only when something is missing. No downloads besides Debian's.
 set -euo pipefail
 pkgs=(
@@ -9,6 +10,7 @@ pkgs=(
   nlohmann-json3-dev libspdlog-dev libssl-dev openssl
   python3 python3-numpy python3-grpcio python3-grpc-tools python3-yaml
   prometheus
+  clang libclang-rt-14-dev
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -159,6 +159,10 @@ absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local) {
   std::vector<SeqChunk> chunks;
   std::vector<float> logits;
   const int64_t vocab = local.info().vocab_size;
+  // A forward has at most one chunk per state slot (the model refuses a slot used twice), so the last
+  // AllocateCache bounds it. Checked before logits are sized by it: a plan of millions of one-token chunks fits
+  // in a 64 MiB message and would otherwise make this follower allocate terabytes.
+  int64_t max_chunks = 0;
   while (true) {
     comm::StepPlan plan;
     DSV4_RETURN_IF_ERROR(comm::BroadcastStepPlan(control, &plan, 0));
@@ -183,6 +187,7 @@ absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local) {
         std::array<int64_t, kNumPools> pages{};
         for (int p = 0; p < kNumPools; ++p) pages[p] = op.pages_per_pool(p);
         s = local.AllocateCache(pages, op.page_rows(), op.max_state_slots());
+        max_chunks = s.ok() ? op.max_state_slots() : 0;
         break;
       }
       case comm::StepPlan::kCaptureGraphs: {
@@ -192,6 +197,11 @@ absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local) {
       }
       case comm::StepPlan::kForward: {
         const auto& op = plan.forward();
+        if (op.chunks_size() > max_chunks) {
+          s = absl::InvalidArgumentError(absl::StrCat("step plan ", plan.seq(), ": forward with ", op.chunks_size(),
+                                                      " chunks but the cache has ", max_chunks, " state slots"));
+          break;
+        }
         tables.resize(op.chunks_size());
         chunks.resize(op.chunks_size());
         for (int i = 0; i < op.chunks_size(); ++i) {

@@ -92,7 +92,8 @@ class LockstepLeader final : public ModelExecutor {
 
 // Follower side: applies the leader's plans to `local` until a shutdown plan (OK) or a failure (the
 // communicator's UNAVAILABLE when the leader is gone, or the local executor's error). `control` is this rank's
-// control communicator (rank >= 1).
+// control communicator (rank >= 1). A forward with more chunks than the last AllocateCache's state slots is
+// refused before anything is sized by it (the model would refuse it too); fuzz/step_plan_fuzzer drives this loop.
 absl::Status RunFollower(comm::Communicator& control, ModelExecutor& local);
 
 }  // namespace dsv4::worker

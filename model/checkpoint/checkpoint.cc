@@ -40,6 +40,30 @@ bool IsPlainFileName(const std::string& name) {
 
 }  // namespace
 
+absl::StatusOr<std::map<std::string, std::string>> ParseCheckpointIndex(absl::string_view index_path,
+                                                                       absl::string_view text) {
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint index ", index_path, ": not valid JSON: ", e.what()));
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint index ", index_path,
+                                                   ": needs a non-empty object \"weight_map\": {tensor: shard file}"));
+  }
+  std::map<std::string, std::string> weight_map;
+  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+    if (!it.value().is_string() || !IsPlainFileName(it.value().get<std::string>())) {
+      return absl::InvalidArgumentError(absl::StrCat("checkpoint index ", index_path, ": tensor \"", it.key(),
+                                                     "\": shard must be a file name in the folder, got ",
+                                                     it.value().dump()));
+    }
+    weight_map.emplace(it.key(), it.value().get<std::string>());
+  }
+  return weight_map;
+}
+
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
   ckpt->dir_ = dir;
@@ -64,25 +88,9 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   }
 
   DSV4_ASSIGN_OR_RETURN(std::string text, ReadWholeFile(index));
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("checkpoint index ", index, ": not valid JSON: ", e.what()));
-  }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object() || j["weight_map"].empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint index ", index, ": needs a non-empty object \"weight_map\": {tensor: shard file}"));
-  }
+  DSV4_ASSIGN_OR_RETURN(const auto weight_map, ParseCheckpointIndex(index, text));
   std::map<std::string, int> shard_ids;  // sorted shard names
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    if (!it.value().is_string() || !IsPlainFileName(it.value().get<std::string>())) {
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint index ", index, ": tensor \"", it.key(),
-                                                     "\": shard must be a file name in the folder, got ",
-                                                     it.value().dump()));
-    }
-    shard_ids.emplace(it.value().get<std::string>(), 0);
-  }
+  for (const auto& [tensor, shard] : weight_map) shard_ids.emplace(shard, 0);
   for (auto& [name, id] : shard_ids) {
     if (!IsRegularFile(ckpt->PathOf(name))) {
       return absl::NotFoundError(
@@ -91,9 +99,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     id = static_cast<int>(ckpt->shard_files_.size());
     ckpt->shard_files_.push_back(name);
   }
-  for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-    ckpt->shard_of_.emplace(it.key(), shard_ids.at(it.value().get<std::string>()));
-  }
+  for (const auto& [tensor, shard] : weight_map) ckpt->shard_of_.emplace(tensor, shard_ids.at(shard));
   absl::MutexLock lock(&ckpt->mu_);
   ckpt->shards_.resize(ckpt->shard_files_.size());
   return ckpt;

@@ -11,6 +11,7 @@
 // is serialized by an internal mutex.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include "absl/strings/string_view.h"
@@ -28,6 +29,13 @@ inline constexpr char kSingleFileName[] = "model.safetensors";
 inline constexpr char kIndexFileName[] = "model.safetensors.index.json";
 inline constexpr char kConfigFileName[] = "config.json";
 inline constexpr char kQuantConfigFileName[] = "hf_quant_config.json";
+
+// Parses model.safetensors.index.json text into tensor name -> shard file name. Refuses text that is not
+// {"weight_map": {name: "file.safetensors", ...}} with at least one entry, and a shard name that is not a plain
+// file name inside the folder ("", ".", "..", anything with '/' or NUL). `index_path` is used in messages only.
+// Checkpoint::Open uses it; exposed for the tests and the fuzz target (fuzz/checkpoint_index_fuzzer.cc).
+absl::StatusOr<std::map<std::string, std::string>> ParseCheckpointIndex(absl::string_view index_path,
+                                                                       absl::string_view text);
 
 class Checkpoint {
  public:

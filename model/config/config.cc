@@ -3,6 +3,7 @@
 #include "model/config/config.h"
 
 #include <cassert>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -182,8 +183,13 @@ absl::Status ParseRope(const FieldReader& r, Config* c) {
   if (r.Has("partial_rotary_factor") && !r.IsNull("partial_rotary_factor")) {
     double factor = 0;
     DSV4_RETURN_IF_ERROR(r.Double("partial_rotary_factor", &factor));
+    if (!(factor > 0.0 && factor <= 1.0)) {
+      return r.Error("partial_rotary_factor", absl::StrCat("must lie in (0, 1], got ", factor));
+    }
+    // head_dim is range-checked only later (ValidateConfig): bound the product before converting it, since a
+    // double outside int64's range does not convert (found by fuzz/config_fuzzer).
     const double rope = factor * static_cast<double>(c->head_dim);
-    if (rope != static_cast<double>(static_cast<int64_t>(rope))) {
+    if (!(std::fabs(rope) < 0x1p62) || rope != std::floor(rope)) {
       return r.Error("partial_rotary_factor", "head_dim * partial_rotary_factor is not an integer");
     }
     if (r.Has("qk_rope_head_dim") && static_cast<int64_t>(rope) != c->qk_rope_head_dim) {

@@ -128,6 +128,19 @@ struct Config {
   int64_t hc_mix_dim() const { return (2 + hc_mult) * hc_mult; }
 };
 
+// Upper limits ValidateConfig puts on sizes. They sit far above any DeepSeek-V4 checkpoint (V4-Flash: 43 layers,
+// 1 MTP layer, 64 heads, 256 experts, hidden 4096, vocab 129280) and exist so that a corrupt or hostile
+// config.json is refused before the loader loops over layers and experts or allocates by these sizes, and so that
+// every shape product the loader forms (two sizes and a small factor) stays far inside int64.
+inline constexpr int64_t kMaxLayers = 1024;           // num_hidden_layers
+inline constexpr int64_t kMaxMtpLayers = 16;          // num_nextn_predict_layers
+inline constexpr int64_t kMaxVocab = int64_t{1} << 24;  // vocab_size
+inline constexpr int64_t kMaxWidth = int64_t{1} << 20;  // hidden_size, q/o_lora_rank, moe_intermediate_size
+inline constexpr int64_t kMaxCount = 4096;            // attention heads, indexer heads, routed experts
+inline constexpr int64_t kMaxHcMult = 16;             // hc_mult
+inline constexpr int64_t kMaxSinkhornIters = 1000;    // hc_sinkhorn_iters
+inline constexpr int64_t kMaxPositions = 2147483647;  // max_position_embeddings and windows: positions are int32
+
 // Parses and validates a config.json text. Missing keys take the defaults above (compress_ratios
 // excepted: it, or transformers' "layer_types", is required). Errors name the field.
 absl::StatusOr<Config> ParseConfig(std::string_view json);

@@ -37,7 +37,13 @@ absl::Status ParseLayerTypes(const FieldReader& r, Config* c) {
     if (ratio < 0) return r.Error("layer_types", absl::StrCat("entry ", i, " is unknown: \"", types[i], "\""));
     ratios.push_back(ratio);
   }
-  // layer_types lists main layers only; MTP layers are window-only (ratio 0).
+  // layer_types lists main layers only; MTP layers are window-only (ratio 0). The count is range-checked here,
+  // before the loop, because ValidateConfig runs only after parsing (found by fuzz/config_fuzzer: a huge
+  // num_nextn_predict_layers made this loop allocate until the process died).
+  if (c->num_nextn_predict_layers < 0 || c->num_nextn_predict_layers > kMaxMtpLayers) {
+    return r.Error("num_nextn_predict_layers",
+                   absl::StrCat("must be in [0, ", kMaxMtpLayers, "], got ", c->num_nextn_predict_layers));
+  }
   for (int64_t i = 0; i < c->num_nextn_predict_layers; ++i) ratios.push_back(0);
   if (!c->compress_ratios.empty()) {
     for (size_t i = 0; i < types.size() && i < c->compress_ratios.size(); ++i) {

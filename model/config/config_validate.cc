@@ -25,19 +25,27 @@ absl::Status CheckPositive(std::string_view field, int64_t value) {
   return absl::OkStatus();
 }
 
+// [1, max]: positive, and below the sanity limit of config.h (refused before anything loops or allocates by it).
+absl::Status CheckCount(std::string_view field, int64_t value, int64_t max) {
+  DSV4_CONFIG_CHECK(value > 0 && value <= max, field, "must be in [1, ", max, "], got ", value);
+  return absl::OkStatus();
+}
+
 // FP8 weights are stored in 128x128 blocks; every dimension that is a K or N of a block-FP8 linear must
 // be a whole number of blocks so that the scale grids have no ragged edge.
 absl::Status CheckBlock128(std::string_view field, int64_t value) {
-  DSV4_CONFIG_CHECK(value > 0 && value % 128 == 0, field,
-                    "must be a positive multiple of 128 (FP8 weights use 128x128 blocks), got ", value);
+  DSV4_CONFIG_CHECK(value > 0 && value % 128 == 0 && value <= kMaxWidth, field,
+                    "must be a positive multiple of 128 (FP8 weights use 128x128 blocks) up to ", kMaxWidth,
+                    ", got ", value);
   return absl::OkStatus();
 }
 
 absl::Status CheckSizes(const Config& c) {
-  DSV4_RETURN_IF_ERROR(CheckPositive("vocab_size", c.vocab_size));
+  DSV4_RETURN_IF_ERROR(CheckCount("vocab_size", c.vocab_size, kMaxVocab));
   DSV4_RETURN_IF_ERROR(CheckBlock128("hidden_size", c.hidden_size));
-  DSV4_RETURN_IF_ERROR(CheckPositive("num_hidden_layers", c.num_hidden_layers));
-  DSV4_CONFIG_CHECK(c.num_nextn_predict_layers >= 0, "num_nextn_predict_layers", "must be >= 0, got ",
+  DSV4_RETURN_IF_ERROR(CheckCount("num_hidden_layers", c.num_hidden_layers, kMaxLayers));
+  DSV4_CONFIG_CHECK(c.num_nextn_predict_layers >= 0 && c.num_nextn_predict_layers <= kMaxMtpLayers,
+                    "num_nextn_predict_layers", "must be in [0, ", kMaxMtpLayers, "], got ",
                     c.num_nextn_predict_layers);
   DSV4_CONFIG_CHECK(c.bos_token_id >= 0 && c.bos_token_id < c.vocab_size, "bos_token_id",
                     "must be in [0, vocab_size), got ", c.bos_token_id);
@@ -52,15 +60,14 @@ absl::Status CheckSizes(const Config& c) {
   DSV4_CONFIG_CHECK(!c.tie_word_embeddings, "tie_word_embeddings",
                     "must be false: DeepSeek-V4 stores a separate head.weight");
   DSV4_CONFIG_CHECK(c.hidden_act == "silu", "hidden_act", "must be \"silu\", got \"", c.hidden_act, "\"");
-  DSV4_CONFIG_CHECK(c.max_position_embeddings > 0, "max_position_embeddings", "must be > 0, got ",
-                    c.max_position_embeddings);
+  DSV4_RETURN_IF_ERROR(CheckCount("max_position_embeddings", c.max_position_embeddings, kMaxPositions));
   return absl::OkStatus();
 }
 
 // The KV record (584 bytes: 448 FP8 nope dims in 7 tiles of 64, 64 bf16 RoPE dims, 8 scale bytes) and the
 // sparse-MLA kernels are built for exactly head_dim 512 = 448 + 64, so nothing else is accepted.
 absl::Status CheckAttention(const Config& c) {
-  DSV4_RETURN_IF_ERROR(CheckPositive("num_attention_heads", c.num_attention_heads));
+  DSV4_RETURN_IF_ERROR(CheckCount("num_attention_heads", c.num_attention_heads, kMaxCount));
   DSV4_CONFIG_CHECK(c.num_key_value_heads == 1, "num_key_value_heads",
                     "must be 1 (one shared latent KV head), got ", c.num_key_value_heads);
   DSV4_CONFIG_CHECK(c.qk_rope_head_dim == 64, "qk_rope_head_dim", "must be 64 (the KV record keeps 64 bf16 RoPE dims), got ",
@@ -73,14 +80,15 @@ absl::Status CheckAttention(const Config& c) {
   DSV4_CONFIG_CHECK(c.num_attention_heads % c.o_groups == 0, "o_groups", "must divide num_attention_heads (",
                     c.num_attention_heads, "), got ", c.o_groups);
   DSV4_RETURN_IF_ERROR(CheckBlock128("o_lora_rank", c.o_lora_rank));
-  DSV4_RETURN_IF_ERROR(CheckPositive("sliding_window", c.sliding_window));
+  DSV4_RETURN_IF_ERROR(CheckCount("sliding_window", c.sliding_window, kMaxPositions));
   DSV4_CONFIG_CHECK(c.rope_theta > 0, "rope_theta", "must be > 0, got ", c.rope_theta);
   DSV4_CONFIG_CHECK(c.compress_rope_theta > 0, "compress_rope_theta", "must be > 0, got ", c.compress_rope_theta);
   if (c.rope_scaling) {
     const RopeScaling& s = *c.rope_scaling;
     DSV4_CONFIG_CHECK(s.factor >= 1.0, "rope_scaling.factor", "must be >= 1, got ", s.factor);
-    DSV4_CONFIG_CHECK(s.original_max_position_embeddings > 0, "rope_scaling.original_max_position_embeddings",
-                      "must be > 0, got ", s.original_max_position_embeddings);
+    DSV4_CONFIG_CHECK(s.original_max_position_embeddings > 0 && s.original_max_position_embeddings <= kMaxPositions,
+                      "rope_scaling.original_max_position_embeddings", "must be in [1, ", kMaxPositions, "], got ",
+                      s.original_max_position_embeddings);
     DSV4_CONFIG_CHECK(s.beta_slow > 0 && s.beta_fast > s.beta_slow, "rope_scaling.beta_fast",
                       "need beta_fast > beta_slow > 0, got ", s.beta_fast, " and ", s.beta_slow);
   }
@@ -90,12 +98,12 @@ absl::Status CheckAttention(const Config& c) {
 // Indexer heads are rotated by a 128-point Hadamard and quantised in 32-blocks (dsv4-decode.md 2.3), and
 // its compressed rows are 128 wide, so index_head_dim is fixed at 128.
 absl::Status CheckIndexerAndHc(const Config& c) {
-  DSV4_RETURN_IF_ERROR(CheckPositive("index_n_heads", c.index_n_heads));
+  DSV4_RETURN_IF_ERROR(CheckCount("index_n_heads", c.index_n_heads, kMaxCount));
   DSV4_CONFIG_CHECK(c.index_head_dim == 128, "index_head_dim",
                     "must be 128 (Hadamard-128 rotation and 128-wide indexer rows), got ", c.index_head_dim);
-  DSV4_RETURN_IF_ERROR(CheckPositive("index_topk", c.index_topk));
-  DSV4_RETURN_IF_ERROR(CheckPositive("hc_mult", c.hc_mult));
-  DSV4_RETURN_IF_ERROR(CheckPositive("hc_sinkhorn_iters", c.hc_sinkhorn_iters));
+  DSV4_RETURN_IF_ERROR(CheckCount("index_topk", c.index_topk, kMaxPositions));
+  DSV4_RETURN_IF_ERROR(CheckCount("hc_mult", c.hc_mult, kMaxHcMult));
+  DSV4_RETURN_IF_ERROR(CheckCount("hc_sinkhorn_iters", c.hc_sinkhorn_iters, kMaxSinkhornIters));
   DSV4_CONFIG_CHECK(c.hc_eps > 0, "hc_eps", "must be > 0, got ", c.hc_eps);
   DSV4_CONFIG_CHECK(c.rms_norm_eps > 0, "rms_norm_eps", "must be > 0, got ", c.rms_norm_eps);
   return absl::OkStatus();
@@ -118,7 +126,7 @@ absl::Status CheckSchedule(const Config& c) {
 }
 
 absl::Status CheckMoe(const Config& c) {
-  DSV4_RETURN_IF_ERROR(CheckPositive("n_routed_experts", c.n_routed_experts));
+  DSV4_RETURN_IF_ERROR(CheckCount("n_routed_experts", c.n_routed_experts, kMaxCount));
   DSV4_CONFIG_CHECK(c.num_experts_per_tok > 0 && c.num_experts_per_tok <= c.n_routed_experts, "num_experts_per_tok",
                     "must be in [1, n_routed_experts = ", c.n_routed_experts, "], got ", c.num_experts_per_tok);
   // transformers sizes the shared expert by moe_intermediate_size alone, DeepSeek's code by

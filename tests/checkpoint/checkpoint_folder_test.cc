@@ -84,6 +84,23 @@ TEST(CheckpointFolder, RefusesBadFolders) {
   EXPECT_THAT(OpenStatus(missing_shard.path()).message(), HasSubstr("model-00001-of-00002.safetensors"));
 }
 
+// The index parser alone (what Checkpoint::Open uses, and what fuzz/checkpoint_index_fuzzer drives).
+TEST(CheckpointFolder, IndexParserMapsTensorsToPlainShardNames) {
+  auto map = ParseCheckpointIndex("i.json", R"({"metadata":{"total_size":8},"weight_map":{"a":"s1.safetensors",)"
+                                            R"("b":"s2.safetensors"}})");
+  ASSERT_TRUE(map.ok()) << map.status();
+  EXPECT_EQ(map->size(), 2u);
+  EXPECT_EQ(map->at("b"), "s2.safetensors");
+  for (const char* shard : {R"("")", R"(".")", R"("..")", R"("a/b")", R"("/abs")", "\"x\\u0000y\"", "7", "null"}) {
+    const auto bad = ParseCheckpointIndex("i.json", absl::StrCat(R"({"weight_map":{"t":)", shard, "}}"));
+    ASSERT_FALSE(bad.ok()) << shard;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << shard;
+    EXPECT_THAT(bad.status().message(), HasSubstr("i.json: tensor \"t\"")) << shard;
+  }
+  EXPECT_FALSE(ParseCheckpointIndex("i.json", R"({"weight_map":{}})").ok());
+  EXPECT_FALSE(ParseCheckpointIndex("i.json", "[1]").ok());
+}
+
 TEST(CheckpointFolder, IndexAndShardsMustAgree) {
   TempDir dir;
   WriteShard(dir.File("s1.safetensors"), {"a", "b"});

@@ -2,11 +2,15 @@
 // the followers' RunFollower replays it on their own (fake) model shard, whose forward all-reduces like a sharded
 // model. Checks identical call sequences on every rank for world 2 and 4, exact all-reduced logits, and the fault
 // contract: a follower killed mid-run or while the leader idles makes the leader report NOT_SERVING and fail its
-// next Forward with UNAVAILABLE within 5 s. Plus in-process step-plan validation and round trips.
+// next Forward with UNAVAILABLE within 5 s. Plus in-process step-plan validation and round trips, and a follower
+// fed plans from a scripted leader.
 #include <chrono>
+#include <cstring>
 #include <regex>
 #include <string>
+#include <vector>
 
+#include "comm/lockstep.h"
 #include "comm/step_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -110,6 +114,89 @@ TEST(StepPlanTest, BroadcastOnWorld1KeepsThePlanAndRefusesInvalidOnes) {
   EXPECT_EQ(plan.forward().chunks(0).pools(3).pages(0), 30);
   StepPlan bad;
   EXPECT_EQ(BroadcastStepPlan(comm, &bad).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Rank 1 of 2 whose broadcasts deliver a scripted byte stream (what the leader would send); then "leader gone".
+class ScriptedLeader final : public Communicator {
+ public:
+  void Send(StepPlan plan) {
+    const std::string bytes = plan.SerializeAsString();
+    const uint64_t len = bytes.size();
+    stream_.append(reinterpret_cast<const char*>(&len), sizeof(len));
+    stream_ += bytes;
+  }
+  int rank() const override { return 1; }
+  int world() const override { return 2; }
+  std::string_view backend() const override { return "gloo"; }
+  absl::Status AllReduceSum(float*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllReduceSumBf16(uint16_t*, size_t) override { return absl::OkStatus(); }
+  absl::Status AllGather(const void*, void*, size_t) override { return absl::OkStatus(); }
+  absl::Status Broadcast(void* data, size_t bytes, int) override {
+    if (bytes > stream_.size() - pos_) return absl::UnavailableError("leader gone");
+    std::memcpy(data, stream_.data() + pos_, bytes);
+    pos_ += bytes;
+    return absl::OkStatus();
+  }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+
+ private:
+  std::string stream_;
+  size_t pos_ = 0;
+};
+
+class CountingExecutor final : public worker::ModelExecutor {
+ public:
+  CountingExecutor() { info_.vocab_size = 129280; }
+  const worker::ModelInfo& info() const override { return info_; }
+  int64_t PageBytes(worker::Pool, int) const override { return 0; }
+  int64_t RowsNeeded(worker::Pool, int64_t n) const override { return n; }
+  absl::Status AllocateCache(const std::array<int64_t, worker::kNumPools>&, int, int) override {
+    return absl::OkStatus();
+  }
+  absl::Status ResetState(int32_t) override { return absl::OkStatus(); }
+  absl::Status Forward(std::span<const worker::SeqChunk> chunks, float*) override {
+    forwards.push_back(chunks.size());
+    return absl::OkStatus();
+  }
+  std::vector<size_t> forwards;
+
+ private:
+  worker::ModelInfo info_;
+};
+
+StepPlan ManyChunks(uint64_t seq, int n) {
+  StepPlan plan;
+  plan.set_seq(seq);
+  for (int i = 0; i < n; ++i) {
+    PlanChunk* c = plan.mutable_forward()->add_chunks();
+    c->add_tokens(1);
+    for (int p = 0; p < kPlanPools; ++p) c->add_pools();
+  }
+  return plan;
+}
+
+// Found while writing fuzz/step_plan_fuzzer: the follower sized its logits buffer chunks x vocab before the model
+// saw the plan, so a forward of millions of one-token chunks (it fits the 64 MiB message limit) made it allocate
+// terabytes. More chunks than state slots are now refused, as the leader's model refuses them.
+TEST(StepPlanTest, FollowerRefusesMoreChunksThanStateSlotsBeforeSizingLogits) {
+  ScriptedLeader leader;
+  leader.Send(ManyChunks(1, 1));  // before AllocateCache: no slots yet
+  StepPlan allocate;
+  allocate.set_seq(2);
+  for (int p = 0; p < kPlanPools; ++p) allocate.mutable_allocate_cache()->add_pages_per_pool(4);
+  allocate.mutable_allocate_cache()->set_page_rows(64);
+  allocate.mutable_allocate_cache()->set_max_state_slots(2);
+  leader.Send(allocate);
+  leader.Send(ManyChunks(3, 200000));  // ~2.6 MB of plan, 100 GB of logits
+  leader.Send(ManyChunks(4, 2));
+  StepPlan shutdown;
+  shutdown.set_seq(5);
+  shutdown.mutable_shutdown()->set_reason("done");
+  leader.Send(shutdown);
+  CountingExecutor model;
+  const absl::Status s = RunFollower(leader, model);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(model.forwards, std::vector<size_t>{2}) << "only the forward that fits the cache reaches the model";
 }
 
 }  // namespace

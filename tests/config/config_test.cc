@@ -226,6 +226,18 @@ std::vector<BadField> BadFields() {
       {"mlp_layer_types", [](json& j) { j["mlp_layer_types"] = {"moe", "hash_moe", "moe", "moe"}; }},
       {"compress_rates.compressed_sparse_attention",
        [](json& j) { j["compress_rates"] = {{"compressed_sparse_attention", 8}}; }},
+      // The sanity limits of config.h (a hostile config must not make the loader loop or allocate without end).
+      {"vocab_size", [](json& j) { j["vocab_size"] = kMaxVocab + 1; }},
+      {"hidden_size", [](json& j) { j["hidden_size"] = kMaxWidth + 128; }},
+      {"num_hidden_layers", [](json& j) { j["num_hidden_layers"] = kMaxLayers + 1; }},
+      {"num_nextn_predict_layers", [](json& j) { j["num_nextn_predict_layers"] = kMaxMtpLayers + 1; }},
+      {"num_attention_heads", [](json& j) { j["num_attention_heads"] = 2 * kMaxCount; }},
+      {"n_routed_experts", [](json& j) { j["n_routed_experts"] = kMaxCount + 1; }},
+      {"hc_mult", [](json& j) { j["hc_mult"] = kMaxHcMult + 1; }},
+      {"hc_sinkhorn_iters", [](json& j) { j["hc_sinkhorn_iters"] = kMaxSinkhornIters + 1; }},
+      {"max_position_embeddings", [](json& j) { j["max_position_embeddings"] = kMaxPositions + 1; }},
+      {"moe_intermediate_size", [](json& j) { j["moe_intermediate_size"] = int64_t{1} << 40; }},
+      {"partial_rotary_factor", [](json& j) { j["partial_rotary_factor"] = 1.5; }},
   };
 }
 
@@ -239,6 +251,39 @@ TEST(ConfigTest, EveryValidationErrorNamesItsField) {
     EXPECT_THAT(c.status().message(), HasSubstr(std::string("\"") + bad.field + "\"")) << c.status();
     EXPECT_THAT(c.status().message(), HasSubstr("config.json")) << c.status();
   }
+}
+
+// Found by fuzz/config_fuzzer: head_dim * partial_rotary_factor was converted to int64 before any range check,
+// which is undefined for 1e300 * 512 (UBSan: "outside the range of representable values").
+TEST(ConfigTest, HugePartialRotaryFactorIsRefusedBeforeConversion) {
+  json j = TinyJson();
+  j["partial_rotary_factor"] = 1e300;
+  const absl::StatusOr<Config> c = ParseConfig(j.dump());
+  ASSERT_FALSE(c.ok());
+  EXPECT_THAT(c.status().message(), HasSubstr("\"partial_rotary_factor\": must lie in (0, 1]"));
+}
+
+// Found by fuzz/config_fuzzer: with layer_types, num_nextn_predict_layers drove a loop before validation, so a
+// huge value allocated until the process died. It is refused by value now, before the loop.
+TEST(ConfigTest, MtpLayerCountIsBoundedBeforeTheScheduleIsBuilt) {
+  for (int64_t mtp : {int64_t{-1}, kMaxMtpLayers + 1, int64_t{1} << 50}) {
+    json j = TinyJson();
+    j.erase("compress_ratios");
+    j["layer_types"] = {"sliding_attention", "sliding_attention", "compressed_sparse_attention",
+                        "heavily_compressed_attention"};
+    j["num_nextn_predict_layers"] = mtp;
+    const absl::StatusOr<Config> c = ParseConfig(j.dump());
+    ASSERT_FALSE(c.ok()) << mtp;
+    EXPECT_THAT(c.status().message(), HasSubstr("\"num_nextn_predict_layers\": must be in [0, 16]")) << mtp;
+  }
+  json ok = TinyJson();
+  ok.erase("compress_ratios");
+  ok["layer_types"] = {"sliding_attention", "sliding_attention", "compressed_sparse_attention",
+                       "heavily_compressed_attention"};
+  ok["num_nextn_predict_layers"] = kMaxMtpLayers;
+  const absl::StatusOr<Config> c = ParseConfig(ok.dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->compress_ratios.size(), static_cast<size_t>(4 + kMaxMtpLayers));
 }
 
 TEST(ConfigTest, LoadConfigReadsTheFolderAndNamesMissingFiles) {
