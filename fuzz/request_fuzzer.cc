@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "common/request_validation.h"
+#include "proto/request_validation.h"
 #include "fuzz/fuzz_check.h"
 #include "google/protobuf/stubs/logging.h"
 

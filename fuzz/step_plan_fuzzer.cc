@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "comm/communicator.h"
-#include "comm/lockstep.h"
+#include "worker/lockstep.h"
 #include "fuzz/fuzz_check.h"
 #include "spdlog/spdlog.h"
 #include "worker/model_executor.h"
@@ -97,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)quiet;
   ScriptedCommunicator control({data, size});
   CheckingExecutor model;
-  const absl::Status s = dsv4::comm::RunFollower(control, model);
+  const absl::Status s = dsv4::worker::RunFollower(control, model);
   // The loop ends with OK only on a shutdown plan; otherwise with the communicator's or the framing's error.
   FUZZ_CHECK(!s.message().empty() || s.ok(), "an error without a message");
   volatile uint64_t sink = model.sum();
