@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/lockstep.h"
+#include "worker/lockstep.h"
 #include "comm/step_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -194,7 +194,7 @@ TEST(StepPlanTest, FollowerRefusesMoreChunksThanStateSlotsBeforeSizingLogits) {
   shutdown.mutable_shutdown()->set_reason("done");
   leader.Send(shutdown);
   CountingExecutor model;
-  const absl::Status s = RunFollower(leader, model);
+  const absl::Status s = worker::RunFollower(leader, model);
   EXPECT_TRUE(s.ok()) << s;
   EXPECT_EQ(model.forwards, std::vector<size_t>{2}) << "only the forward that fits the cache reaches the model";
 }
