@@ -50,7 +50,9 @@ FUZZERS=(safetensors_fuzzer checkpoint_index_fuzzer config_fuzzer quant_config_f
 # about failure timing and whose Gloo teardown paths race inside Gloo itself.
 TSAN_TARGETS=(worker_test coordinator_test comm_test comm_peer sanitizer_canary)
 TSAN_TESTS='^(Engine|KvManager|Sampler|PageAllocator|RequestValidation|CoordinatorTest|BenchStatsTest|BenchWorkloadTest|WorkerListTest|ParseHostPortTest|LocalCommunicatorTest|BroadcastBytesTest|ValidateRankWorldTest|TcpStoreTest|GlooCommunicatorTest|GlooProcessTest|LockstepTest|RendezvousTest|StepPlanTest)\.|^sanitizer_canary_'
-TSAN_EXCLUDE='^(RendezvousTest\.MismatchedCheckpointIsRefused|TcpStoreTest\.WaitTimesOutNamingTheMissingKeys|LockstepTest\.FollowerKilled.*|GlooProcessTest\.(KilledPeer|HungPeer|MissingPeer).*)$'
+# Also left to the main run: the two tests that observe prometheus-cpp histograms from the engine thread; Debian's
+# prometheus-cpp is not built with TSan and its Histogram::Observe mutex is misreported as "unlock of an unlocked mutex".
+TSAN_EXCLUDE='^(CoordinatorTest\.PromptTokensCountEachPrefillOnce|Engine\.PromptTokensCountWhatThisWorkerPrefilled|RendezvousTest\.MismatchedCheckpointIsRefused|TcpStoreTest\.WaitTimesOutNamingTheMissingKeys|LockstepTest\.FollowerKilled.*|GlooProcessTest\.(KilledPeer|HungPeer|MissingPeer).*)$'
 
 stage_asan() {
   configure build-asan -DDSV4_SANITIZE=address,undefined -DDSV4_FUZZ=ON
