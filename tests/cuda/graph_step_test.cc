@@ -14,6 +14,7 @@
 #include <map>
 
 #include "gtest/gtest.h"
+#include "tests/gpu_check/gpu_check.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_sample.h"
 #include "kernels/device_control.h"
@@ -25,22 +26,6 @@
 
 namespace dsv4::model::testing {
 namespace {
-
-bool HaveGpu(std::string* why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess || n == 0) {
-    *why = std::string("no usable CUDA device (") + (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                          \
-  do {                                         \
-    std::string why;                           \
-    if (!HaveGpu(&why)) GTEST_SKIP() << why;   \
-  } while (0)
 
 kernels::Backend& Cuda() {
   static std::unique_ptr<kernels::Backend> b = [] {
@@ -119,7 +104,7 @@ TwoSets MakeSets(Dsv4Model& m, int k, int max_len) {
 }
 
 TEST(CudaGraphStep, DeviceControlMemoryStreamAndAFailedCapture) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   kernels::DeviceControl* device = Cuda().device_control();
   ASSERT_NE(device, nullptr) << "the CUDA backend offers no DeviceControl";
   auto mem = device->Memory();
@@ -146,7 +131,7 @@ TEST(CudaGraphStep, DeviceControlMemoryStreamAndAFailedCapture) {
 }
 
 TEST(CudaGraphStep, PaddedDecodeMatchesForward) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   auto m = Load(NumericMode::kProduction);
   ASSERT_NE(m, nullptr);
   const int64_t V = m->config().vocab_size;
@@ -176,7 +161,7 @@ TEST(CudaGraphStep, PaddedDecodeMatchesForward) {
 }
 
 TEST(CudaGraphStep, ReplayEqualsEagerBitForBit) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   auto m = Load(NumericMode::kProduction);
   ASSERT_NE(m, nullptr);
   const int64_t V = m->config().vocab_size;
@@ -210,7 +195,7 @@ TEST(CudaGraphStep, ReplayEqualsEagerBitForBit) {
 }
 
 TEST(CudaGraphStep, ReplayedSamplingDrawsTheHostSamplersTokensFromEagerLogits) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   auto m = Load(NumericMode::kProduction);
   ASSERT_NE(m, nullptr);
   const int64_t V = m->config().vocab_size;
@@ -253,7 +238,7 @@ TEST(CudaGraphStep, ReplayedSamplingDrawsTheHostSamplersTokensFromEagerLogits) {
 }
 
 TEST(CudaGraphStep, EveryBucketUpTo32Captures) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   auto m = Load(NumericMode::kProduction);
   ASSERT_NE(m, nullptr);
   auto plan = generate::AllocateSequences(*m, 32, 1024);
@@ -267,7 +252,7 @@ TEST(CudaGraphStep, EveryBucketUpTo32Captures) {
 }
 
 TEST(CudaGraphStep, ExecutorTimesPhasesOnTheGpuBetweenReplays) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   std::map<metrics::Phase, double> seconds;
   auto ex = worker::LoadDsv4Executor({.checkpoint = TinyCheckpoint(), .mode = "production", .backend = "cuda",
                                       .max_step_tokens = 512, .max_context = 1024,
@@ -317,7 +302,7 @@ TEST(CudaGraphStep, ExecutorTimesPhasesOnTheGpuBetweenReplays) {
 }
 
 TEST(CudaGraphStep, HostTimePerReplayedStep) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   auto m = Load(NumericMode::kProduction);
   ASSERT_NE(m, nullptr);
   const int kMax = 64;

@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gtest/gtest.h"
+#include "tests/gpu_check/gpu_check.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "tests/model/golden_util.h"
@@ -25,21 +26,6 @@
 namespace dsv4::model::testing {
 namespace {
 
-bool HaveGpu(std::string* why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess || n == 0) {
-    *why = std::string("no usable CUDA device (") + (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")";
-    return false;
-  }
-  return true;
-}
-
-#define REQUIRE_GPU()                    \
-  do {                                   \
-    std::string why;                     \
-    if (!HaveGpu(&why)) GTEST_SKIP() << why; \
-  } while (0)
 
 kernels::Backend& Cuda() {
   static std::unique_ptr<kernels::Backend> b = [] {
@@ -81,7 +67,7 @@ std::pair<double, double> AgreeAndRel(const std::vector<float>& a, const std::ve
 }
 
 TEST(CudaModelGpuTest, ProductionMatchesGoldensAsWellAsTheCpu) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   auto gpu = Load(TinyCheckpoint(), NumericMode::kProduction, Cuda());
   Dsv4Model& cpu = TinyModel(NumericMode::kProduction);
   ASSERT_NE(gpu, nullptr);
@@ -105,7 +91,7 @@ TEST(CudaModelGpuTest, ProductionMatchesGoldensAsWellAsTheCpu) {
 // scores may pick another row (that position's logits then move by up to ~0.1), so there the test bounds the
 // median (measured 2.6e-3), the 99th percentile (5.7-6.0e-3) and the argmax agreement (99.1-99.7%).
 TEST(CudaModelGpuTest, ExactModeMatchesCpuExact) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   auto gpu = Load(TinyCheckpoint(), NumericMode::kExact, Cuda());
   Dsv4Model& cpu = TinyModel(NumericMode::kExact);
   ASSERT_NE(gpu, nullptr);
@@ -139,7 +125,7 @@ TEST(CudaModelGpuTest, ExactModeMatchesCpuExact) {
 }
 
 TEST(CudaModelGpuTest, Mxfp4ExpertsMatchTheCpu) {
-  REQUIRE_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   const std::string dir = (std::filesystem::temp_directory_path() / "dsv4_cuda_model_mxfp4").string();
   std::ifstream in(SourceDir() + "/configs/tiny.json");
   std::stringstream json;

@@ -11,22 +11,11 @@
 #include "common/float_formats.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "tests/gpu_check/gpu_check.h"
 
 namespace dsv4::kernels::cuda::testing {
 
-bool HaveGpu(std::string* why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    *why = std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
-    return false;
-  }
-  if (n == 0) {
-    *why = "no CUDA device present";
-    return false;
-  }
-  return true;
-}
+bool HaveGpu(std::string* why) { return ::dsv4::testing::HaveGpu(why); }
 
 Backends GetBackends() {
   // Made once and kept for the whole binary (a fresh CUDA backend per test would re-create its stream).

@@ -12,6 +12,7 @@
 #include <deque>
 
 #include "gtest/gtest.h"
+#include "tests/gpu_check/gpu_check.h"
 #include "metrics/phase_timer.h"
 
 namespace dsv4::metrics {
@@ -34,8 +35,7 @@ void Spin(cudaStream_t s, double seconds) {
 class CudaPhaseTimerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) GTEST_SKIP() << "no CUDA device: GPU test skipped";
+    DSV4_SKIP_WITHOUT_GPU();
     ASSERT_EQ(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), cudaSuccess);
     Spin(stream_, 1e-4);  // warm up the module load outside any measurement
     ASSERT_EQ(cudaStreamSynchronize(stream_), cudaSuccess);

@@ -9,7 +9,6 @@
 //
 // Every failure message names the worker's log file (kept when a test fails), and every token mismatch prints
 // both streams, so a run on the GPU machine can be diagnosed from the test output alone.
-#include <cuda_runtime_api.h>
 #include <signal.h>
 
 #include <filesystem>
@@ -27,6 +26,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_check/gpu_check.h"
 #include "tests/worker/greedy_check.h"
 #include "tests/worker/process_util.h"
 #include "tests/worker/worker_client.h"
@@ -35,17 +35,6 @@ namespace dsv4::worker::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-bool HaveGpu(std::string* why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess || n == 0) {
-    *why = absl::StrCat("no usable CUDA device (", err != cudaSuccess ? cudaGetErrorString(err) : "0 devices",
-                        "): dsv4-worker --backend cuda is not tested here");
-    return false;
-  }
-  return true;
-}
 
 std::string Tokens(const std::vector<int32_t>& t) { return absl::StrCat("[", absl::StrJoin(t, ","), "]"); }
 
@@ -71,7 +60,7 @@ class GpuWorkerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     skip_ = new std::string;
-    if (!HaveGpu(skip_)) return;
+    if (!::dsv4::testing::HaveGpu(skip_)) return;
     dir_ = new std::string(::testing::TempDir() + "/gpu_worker_" + std::to_string(getpid()));
     std::filesystem::create_directories(*dir_);
     checkpoint_ = new std::string(*dir_ + "/tiny");

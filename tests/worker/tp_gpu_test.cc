@@ -4,7 +4,6 @@
 // buckets 8, 4, ...) - parting, if at all, only at a near tie of the reference logits (greedy_check.h); a follower SIGKILLed mid-stream ends the stream with UNAVAILABLE and turns the leader
 // NOT_SERVING within the collective deadline instead of hanging. Each case skips, saying so, below T GPUs. Label gpu.
 // Processes talk over loopback only (NCCL_SOCKET_IFNAME=lo); NCCL_NVLS_ENABLE=0 as in production.
-#include <cuda_runtime_api.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -23,17 +22,13 @@
 #include "dsv4/v1/worker.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/gpu_check/gpu_check.h"
 #include "tests/worker/greedy_check.h"
 #include "tests/worker/process_util.h"
 #include "tests/worker/worker_client.h"
 
 namespace dsv4::worker::testing {
 namespace {
-
-int GpuCount() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
 
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -73,7 +68,7 @@ class TpGpuTest : public ::testing::TestWithParam<int> {
     dir_ = nullptr;
   }
   void SetUp() override {
-    const int world = GetParam(), gpus = GpuCount();
+    const int world = GetParam(), gpus = ::dsv4::testing::GpuCount();
     if (gpus < world) GTEST_SKIP() << "world " << world << " needs " << world << " GPUs; " << gpus << " visible";
     if (checkpoint_.empty()) {
       checkpoint_ = *dir_ + "/tiny";
