@@ -169,7 +169,7 @@ bool WgmmaRuns() {
 
 TEST_P(GpuSparseMla, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  if (GetParam().options.wgmma == 1 && !WgmmaRuns()) {
+  if ((GetParam().options.wgmma == 1 || GetParam().options.wgmma_ws == 1) && !WgmmaRuns()) {
     GTEST_SKIP() << "the wgmma kernel needs an sm_90a build (90a in CMAKE_CUDA_ARCHITECTURES) on an sm_90 GPU";
   }
   const ProblemSpec& s = GetParam().spec;
@@ -188,7 +188,8 @@ TEST_P(GpuSparseMla, MatchesReference) {
     const ErrorReport vs_exact = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/false);
     std::printf("[%s] %s warps=%d wgmma=%d tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n"
                 "  vs exact reference:       %s\n",
-                mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps, run->plan.wgmma ? 1 : 0, run->plan.tile_rows,
+                mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps,
+                run->plan.wgmma_ws ? 2 : run->plan.wgmma ? 1 : 0, run->plan.tile_rows,
                 run->plan.num_splits,
                 vs_bf16.ToString().c_str(), vs_exact.ToString().c_str());
     const double tol = mma ? 1e-2 : 1e-4;
@@ -312,7 +313,28 @@ INSTANTIATE_TEST_SUITE_P(
              {.wgmma = -1}),
         Case({.batch = 96, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 7,
               .seed = 157},
-             {.wgmma = -1})),
+             {.wgmma = -1}),
+        // Fifth pass: the plan's wgmma kernel is the warp-specialised one (the forced cases above and the
+        // automatic B >= 48 cases run it); the fourth pass's two-warpgroup wgmma kernel stays tested here.
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 160},
+             {.wgmma = 1, .wgmma_ws = -1}),
+        Case({.batch = 5, .heads = 64, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 161},
+             {.wgmma = 1, .wgmma_ws = -1}),
+        Case({.batch = 64, .heads = 128, .topk_window = 128, .topk_extra = 872, .page_rows_extra = 256,
+              .lengths = true, .holes = 0.1, .extreme = true, .seed = 162},
+             {.wgmma = 1, .wgmma_ws = -1}),
+        // The warp-specialised kernel with one and two tiles per block (the hand-off barriers' edge cases), odd
+        // splits, and a long block (K = 1000: 32 tiles through the two bf16 buffers).
+        Case({.batch = 7, .heads = 64, .topk_window = 20, .topk_extra = 12, .lengths = true, .seed = 163},
+             {.wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 6, .heads = 64, .topk_window = 64, .topk_extra = 0, .holes = 0.1, .seed = 164},
+             {.wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 9, .heads = 128, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 3,
+              .seed = 165},
+             {.num_splits = 3, .wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 872, .page_rows_window = 64,
+              .page_rows_extra = 256, .extreme = true, .seed = 166},
+             {.num_splits = 1, .wgmma = 1, .wgmma_ws = 1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
@@ -321,6 +343,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (info.param.options.m_tiles) name += "_m" + std::to_string(info.param.options.m_tiles);
       if (info.param.options.pdl) name += "_pdl" + std::to_string(info.param.options.pdl);
       if (info.param.options.wgmma) name += info.param.options.wgmma == 1 ? "_wgmma" : "_mmasync";
+      if (info.param.options.wgmma_ws) name += info.param.options.wgmma_ws == 1 ? "_ws" : "_twowg";
       return name;
     });
 
@@ -332,9 +355,10 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
   ASSERT_TRUE(dev.ok());
   // The wide kernel's combine without and with programmatic dependent launch, and the 8-warp kernel's.
   for (const SparseMlaPlanOptions options : {SparseMlaPlanOptions{.pdl = -1}, SparseMlaPlanOptions{.pdl = 1},
-                                             SparseMlaPlanOptions{.warps = 8}, SparseMlaPlanOptions{.wgmma = 1}}) {
+                                             SparseMlaPlanOptions{.warps = 8}, SparseMlaPlanOptions{.wgmma = 1},
+                                             SparseMlaPlanOptions{.wgmma = 1, .wgmma_ws = -1}}) {
     SCOPED_TRACE(::testing::Message() << "pdl " << options.pdl << ", warps " << options.warps << ", wgmma "
-                                      << options.wgmma);
+                                      << options.wgmma << ", wgmma_ws " << options.wgmma_ws);
     if (options.wgmma == 1 && !WgmmaRuns()) continue;
     auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, options);
     ASSERT_TRUE(direct.ok()) << direct.status();
@@ -407,8 +431,40 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.wgmma = 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.wgmma_ws = 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_NE(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.wgmma = 1}).status().code(),
             absl::StatusCode::kOk);  // 16 heads: no 64-head block
+}
+
+// The plan's split count against its own cost model (one block per SM: waves x tiles per split): at H = 16, 64
+// and 128 and every batch 1..128 with K = 640, a batch's modelled critical path is never longer than the next
+// larger batch's (no bucket slower than a bigger one by construction), and no split count would shorten it.
+TEST(GpuSparseMlaPlan, SplitsFillTheGpuAtEveryBatch) {
+  SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  for (const int heads : {16, 64, 128}) {
+    int64_t prev_path = 0;
+    for (int batch = 1; batch <= 128; ++batch) {
+      auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, batch, heads, 640);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const int tiles = (640 + plan->tile_rows - 1) / plan->tile_rows;
+      const int64_t blocks = int64_t{batch} * plan->head_groups;
+      auto path = [&](int splits) { return (blocks * splits + sms - 1) / sms * ((tiles + splits - 1) / splits); };
+      const int64_t mine = path(plan->num_splits);
+      for (int s = 1; s <= tiles; ++s) {
+        EXPECT_LE(mine, path(s)) << "H " << heads << " B " << batch << ": " << s << " splits would be shorter than "
+                                 << plan->num_splits;
+      }
+      // Plans differ in head-group size only at B <= 8 (the wide kernel), so compare block-tile paths from there.
+      if (batch > 8) {
+        EXPECT_GE(mine, prev_path) << "H " << heads << " B " << batch << " has a longer path than B " << batch - 1;
+      }
+      prev_path = mine;
+    }
+  }
 }
 
 // The kernels' dequantisation (DequantE4m3x4) against the host conversions of common/float_formats.h, bit
