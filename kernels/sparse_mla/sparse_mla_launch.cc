@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -24,20 +23,19 @@ constexpr bool kAutoPdl = false;
 // The automatic plan uses the wgmma kernel only for blocks of at least this many 32-row tiles.
 constexpr int kWgmmaMinTiles = 8;
 
-// Split count: every MMA kernel runs one block per SM, so a launch of N blocks takes ceil(N / SMs) waves and
-// each block's critical path is ceil(tiles / splits) tiles. The smallest split count that minimises
-// waves x tiles per split wins (fewer splits: fewer partials to combine, fewer pipeline ramps). For B = 1..128
-// at H = 64 this is the old SMs / blocks rule except where a smaller count gives the same tiles per block
-// (B = 3: 10 splits of 2 tiles instead of 11; B = 16: 7 of 3 instead of 8).
+// Whether the automatic plan runs the warp-specialised wgmma kernel (else the fourth pass's two-warpgroup one).
+constexpr bool kAutoWgmmaWs = true;
+
+// Split count: one wave of blocks (every MMA kernel runs one block per SM): splits = SMs / blocks, clamped to
+// [1, tiles], then the fewest splits with the same tiles per split (the same critical path, fewer partials to
+// combine and fewer pipeline ramps): B = 3 at H = 64 gets 10 splits of 2 tiles instead of 11, B = 16 7 of 3
+// instead of 8. A cost model of waves x tiles per split that allowed more than one wave picked 5 splits at
+// B = 48 and 4 at B = 96 and was 18-35% slower there (H200, fifth pass): each extra block costs a pipeline
+// ramp and its partials, worth ~3 tiles.
 int ChooseSplits(int64_t blocks, int tiles, int sms) {
-  int best = 1;
-  int64_t best_cost = std::numeric_limits<int64_t>::max();
-  for (int s = 1; s <= tiles; ++s) {
-    const int64_t waves = (blocks * s + sms - 1) / sms;
-    const int64_t cost = waves * ((tiles + s - 1) / s);
-    if (cost < best_cost) best = s, best_cost = cost;
-  }
-  return best;
+  const int wave = static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
+  const int per_split = (tiles + wave - 1) / wave;
+  return (tiles + per_split - 1) / per_split;
 }
 
 }  // namespace
@@ -142,7 +140,7 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   const bool long_blocks = (tiles + plan.num_splits - 1) / plan.num_splits >= kWgmmaMinTiles;
   plan.wgmma = options.wgmma == 1 || (options.wgmma == 0 && !shape_pinned && wgmma_available && long_blocks &&
                                       plan.warps == 8 && plan.m_tiles == 4 && plan.tile_rows == 32);
-  plan.wgmma_ws = plan.wgmma && options.wgmma_ws != -1;
+  plan.wgmma_ws = plan.wgmma && (options.wgmma_ws == 1 || (options.wgmma_ws == 0 && kAutoWgmmaWs));
   plan.smem_bytes = plan.warps == 16  ? internal::MmaWideSmemBytes(plan.m_tiles)
                     : plan.wgmma_ws   ? internal::MmaWgmmaWsSmemBytes()
                     : plan.wgmma      ? internal::MmaWgmmaSmemBytes()

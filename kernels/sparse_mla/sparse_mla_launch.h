@@ -35,7 +35,7 @@ struct SparseMlaPlanOptions {
   // 64-head blocks when available and no other shape option is given).
   int wgmma = 0;
   // Which wgmma kernel: 1 the warp-specialised one (producer warpgroup, sparse_mla_wgmma_ws.cu), -1 the
-  // fourth pass's two-warpgroup one (sparse_mla_wgmma.cu), 0 = automatic (the warp-specialised one).
+  // fourth pass's two-warpgroup one (sparse_mla_wgmma.cu), 0 = automatic.
   int wgmma_ws = 0;
 };
 
@@ -60,9 +60,8 @@ struct SparseMlaPlan {
 // 16-head (<= 4) or 32-head blocks where its shared memory fits, else 64-head blocks -- on the sm_90a wgmma
 // kernel where this build has it, the GPU is compute capability 9.0 and blocks hold >= 8 tiles, else on the
 // mma.sync 8-warp kernel;
-// splits: the fewest that reach the shortest critical path, waves x tiles per split, with one block per SM
-// (waves = ceil(B x head groups x splits / SMs)), so small and odd batches still fill the GPU without
-// splitting further than helps.
+// splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU, then
+// lowered to the fewest splits with the same tiles per split.
 // Raises the kernel's shared memory limit.
 absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
                                                 int max_topk, const SparseMlaPlanOptions& options = {});

@@ -5,9 +5,11 @@
 //
 // One block = one sequence x 64 heads x one split, 384 threads, 32-row tiles:
 //   - producer (warpgroup 2, 56 registers after setmaxnreg): gathers raw rows with cp.async into a 3-stage
-//     ring (two tiles in flight ahead of the one it dequantises), dequantises each tile into one of two bf16
-//     tiles in the interleaved wgmma layout (and copies the per-row valid flags beside it), then hands it over
-//     on the tile's "full" named barrier; before reusing a bf16 tile it waits on that tile's "empty" barrier.
+//     ring, two tiles in flight ahead of the one it dequantises, with each row's index loaded a tile before
+//     its copy is issued; rows sit 592 bytes apart, so the dequantisation's 16-byte reads of 8 consecutive
+//     rows hit 8 different bank groups. It dequantises each tile into one of two bf16 tiles in the
+//     interleaved wgmma layout (with the per-row valid flags beside it) and hands it over on that tile's
+//     "full" named barrier; before refilling a bf16 tile it waits on the tile's "empty" barrier.
 //   - consumers (warpgroups 0 and 1, 224 registers): per tile, softmax of the scores from shared memory, then
 //     one wgmma batch holding P V of this tile (warpgroup w: output dims [256 w, +256)) and Q K^T of the next
 //     tile (warpgroup w: partial scores over dims [256 w, +256)), one wait, "empty" for this tile, and the
@@ -28,11 +30,12 @@ namespace {
 
 using namespace device;  // NOLINT(build/namespaces): kernel-local helpers
 
-constexpr int kConsumers = 256;           // two consumer warpgroups
-constexpr int kProducers = 128;           // one producer warpgroup
+constexpr int kConsumers = 256;  // two consumer warpgroups
+constexpr int kProducers = 128;  // one producer warpgroup
 constexpr int kThreads = kConsumers + kProducers;
-// Registers after setmaxnreg (the launch gives 168 to every thread; ptxas allocates each side's code within
-// its own count: with it 0 spills, without it 332 bytes of consumer spills).
+// Registers after setmaxnreg (the launch gives 168 to every thread; ptxas fits each side's code in its own
+// count: 0 spills, against 332 bytes of consumer spills at a flat 168). Two producer warpgroups (512 threads)
+// do not compile: the launch's 128 registers per thread are below what one m64n256 wgmma needs (158).
 constexpr int kProducerRegs = 56;
 constexpr int kConsumerRegs = 224;
 constexpr int kHeads = 64;
@@ -49,7 +52,8 @@ constexpr int kBarProducers = kBarConsumers + 1;
 // Shared memory: raw stages [rows x 576][rows x 8 scales][rows x int valid]; Q bf16 (interleaved); kKBufs
 // bf16 tiles (interleaved) and their valid flags; partial scores [2][64][rows + 4] f32; P [64][rows + 8] bf16;
 // alpha and stats.
-constexpr int kRawData = kRows * kRowDataBytes;
+constexpr int kRawRowStride = kRowDataBytes + 16;  // 37 16-byte chunks: 8 consecutive rows hit 8 bank groups
+constexpr int kRawData = kRows * kRawRowStride;
 constexpr int kRawScales = kRows * kRowScaleBytes;
 constexpr int kRawStage = kRawData + kRawScales + kRows * 4;
 constexpr int kQBytes = kHeads * kKvDim * 2;
@@ -90,24 +94,30 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaWsKernel(const Spar
     // ================= producer warpgroup: gather + dequantise =================
     SetMaxNRegDec<kProducerRegs>();
     const int ptid = tid - kConsumers;
-    // One raw tile: 4 threads per row, 576 data bytes in 16-byte chunks + the 8 scale bytes.
-    auto load_tile = [&](int tile, int stage) {
-      constexpr int kThreadsPerRow = kProducers / kRows;
-      const int row = ptid / kThreadsPerRow, sub = ptid % kThreadsPerRow;
-      const int pos = (range.tile_begin + tile) * kRows + row;
+    // One raw tile: 4 threads per row, 576 data bytes in 16-byte chunks + the 8 scale bytes. The row's
+    // physical id comes from fetch_id, called a tile earlier, so the index load's latency is not on the
+    // producer's path (a dependent index load + copy per tile was).
+    constexpr int kThreadsPerRow = kProducers / kRows;
+    const int my_row = ptid / kThreadsPerRow, sub = ptid % kThreadsPerRow;
+    auto fetch_id = [&](int tile) -> int32_t {
+      const int pos = (range.tile_begin + tile) * kRows + my_row;
+      return pos < range.n ? LoadRowId(p, b, pos, range.ew) : -1;
+    };
+    auto load_tile = [&](int tile, int stage, int32_t id) {
+      const int pos = (range.tile_begin + tile) * kRows + my_row;
       const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
       RowAddress addr{dummy, dummy};
-      const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
+      const bool valid = pos < range.n && RowFromId(p, pos >= range.ew, id, addr);
       uint8_t* st = smem + stage * kRawStage;
-      const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
+      const uint32_t dst = SmemAddr(st + my_row * kRawRowStride);
       for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
         if (part < kDataChunks) {
           CpAsync16(dst + part * 16, addr.data + (valid ? part * 16 : 0), valid);
         } else {
-          CpAsync8(SmemAddr(st + kRawData + row * kRowScaleBytes), addr.scales, valid);
+          CpAsync8(SmemAddr(st + kRawData + my_row * kRowScaleBytes), addr.scales, valid);
         }
       }
-      if (sub == 0) reinterpret_cast<int*>(st + kRawData + kRawScales)[row] = valid;
+      if (sub == 0) reinterpret_cast<int*>(st + kRawData + kRawScales)[my_row] = valid;
     };
     // Raw tile -> interleaved bf16 tile, as the fourth pass (invalid rows were zero-filled, so they give 0).
     auto dequant_tile = [&](int stage, int kbuf) {
@@ -115,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaWsKernel(const Spar
       uint8_t* kb = smem + kOffK + kbuf * kKBytes;
       for (int task = ptid; task < kRows * kNumTiles; task += kProducers) {
         const int tile = task / kRows, row = task - tile * kRows;
-        const uint4* src = reinterpret_cast<const uint4*>(st + row * kRowDataBytes + tile * kTileDim);
+        const uint4* src = reinterpret_cast<const uint4*>(st + row * kRawRowStride + tile * kTileDim);
         const float scale = ScaleFromUe8m0(st[kRawData + row * kRowScaleBytes + tile]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -133,22 +143,24 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaWsKernel(const Spar
       for (int c = ptid; c < kRows * 8; c += kProducers) {  // rope dims 448..511: 8 chunks per row
         const int row = c & (kRows - 1), j = c / kRows;
         *reinterpret_cast<uint4*>(kb + InterleavedChunk<kRows>(row, kNopeDim / 8 + j)) =
-            reinterpret_cast<const uint4*>(st + row * kRowDataBytes + kNopeDim)[j];
+            reinterpret_cast<const uint4*>(st + row * kRawRowStride + kNopeDim)[j];
       }
       if (ptid < kRows) {
         reinterpret_cast<int*>(smem + kOffKValid)[kbuf * kRows + ptid] =
             reinterpret_cast<const int*>(st + kRawData + kRawScales)[ptid];
       }
     };
-    if (n > 0) load_tile(0, 0);
+    if (n > 0) load_tile(0, 0, fetch_id(0));
     CpAsyncCommit();
-    if (n > 1) load_tile(1, 1);
+    if (n > 1) load_tile(1, 1, fetch_id(1));
     CpAsyncCommit();
+    int32_t id_ahead = n > 2 ? fetch_id(2) : -1;  // tile t + 2's row id during iteration t
     for (int t = 0; t < n; ++t) {
       CpAsyncWait<1>();                         // this thread's copies of tile t have landed
       NamedBarSync(kBarProducers, kProducers);  // everyone's have; everyone is done with stage (t + 2) % 3
-      if (t + 2 < n) load_tile(t + 2, (t + 2) % kStages);
+      if (t + 2 < n) load_tile(t + 2, (t + 2) % kStages, id_ahead);
       CpAsyncCommit();
+      if (t + 3 < n) id_ahead = fetch_id(t + 3);  // lands while this tile is dequantised
       if (t >= kKBufs) NamedBarSync(kBarEmpty + t % kKBufs, kThreads);  // P V of tile t - 2 has finished
       dequant_tile(t % kStages, t % kKBufs);
       FenceProxyAsync();  // the generic-proxy stores -> the consumers' wgmma (async proxy)
