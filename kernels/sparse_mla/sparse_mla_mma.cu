@@ -102,19 +102,13 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   }
 
   // ---- load stage: gather one tile of rows (576 data + 8 scale bytes each) with cp.async ----
-  // The row id of this thread's row of a tile, loaded one tile before load_tile uses it, so the index load's
-  // latency is not on the per-tile path (fifth pass: a dependent index load + copy per tile was).
-  auto fetch_id = [&](int tile) -> int32_t {
-    const int pos = (range.tile_begin + tile) * kTileRows + tid / (kThreads / kTileRows);
-    return pos < range.n ? LoadRowId(p, b, pos, range.ew) : -1;
-  };
-  auto load_tile = [&](int tile, int stage, int32_t id) {
+  auto load_tile = [&](int tile, int stage) {
     constexpr int kThreadsPerRow = kThreads / kTileRows;
     const int row = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
     const int pos = (range.tile_begin + tile) * kTileRows + row;
     const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
     RowAddress addr{dummy, dummy};
-    const bool valid = pos < range.n && RowFromId(p, pos >= range.ew, id, addr);
+    const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
     uint8_t* st = smem + stage * C::kRawStage;
     const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
     for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
@@ -320,17 +314,15 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
   };
 
   // ---- pipeline: tile t+1 lands while t is scored; t+1 is dequantised during t's PV ----
-  if (range.num_tiles > 0) load_tile(0, 0, fetch_id(0));
+  if (range.num_tiles > 0) load_tile(0, 0);
   CpAsyncCommit();
-  if (range.num_tiles > 1) load_tile(1, 1, fetch_id(1));
+  if (range.num_tiles > 1) load_tile(1, 1);
   CpAsyncCommit();
-  int32_t id_ahead = range.num_tiles > 2 ? fetch_id(2) : -1;  // the next load_tile's row id
   CpAsyncWait<1>();
   __syncthreads();
   if (range.num_tiles > 0) dequant_tile(0, 0);
-  if (range.num_tiles > 2) load_tile(2, 2, id_ahead);
+  if (range.num_tiles > 2) load_tile(2, 2);
   CpAsyncCommit();
-  if (range.num_tiles > 3) id_ahead = fetch_id(3);
   __syncthreads();
   for (int t = 0; t < range.num_tiles; ++t) {
     qk_tile(t & 1);
@@ -340,9 +332,8 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     __syncthreads();
     pv_tile(t & 1);
     if (t + 1 < range.num_tiles) dequant_tile((t + 1) % kStages, (t + 1) & 1);
-    if (t + 3 < range.num_tiles) load_tile(t + 3, t % kStages, id_ahead);
+    if (t + 3 < range.num_tiles) load_tile(t + 3, t % kStages);
     CpAsyncCommit();
-    if (t + 4 < range.num_tiles) id_ahead = fetch_id(t + 4);
     __syncthreads();
   }
 

@@ -43,12 +43,6 @@ constexpr int kRows = 32;      // KV rows per tile
 constexpr int kStages = 3;     // raw tiles in the producer's cp.async ring
 constexpr int kKBufs = 2;      // bf16 tiles handed from the producer to the consumers
 constexpr int kDimGroups = 2;  // partial score tiles (one per consumer warpgroup)
-// Named barriers: full[k] (producer arrives, consumers wait), empty[k] (consumers arrive, producer waits),
-// consumer-only and producer-only.
-constexpr int kBarFull = 1;                  // ids 1, 2
-constexpr int kBarEmpty = kBarFull + kKBufs;  // ids 3, 4
-constexpr int kBarConsumers = kBarEmpty + kKBufs;
-constexpr int kBarProducers = kBarConsumers + 1;
 // Shared memory: raw stages [rows x 576][rows x 8 scales][rows x int valid]; Q bf16 (interleaved); kKBufs
 // bf16 tiles (interleaved) and their valid flags; partial scores [2][64][rows + 4] f32; P [64][rows + 8] bf16;
 // alpha and stats.
@@ -78,6 +72,12 @@ static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= 65536, 
 
 __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaWsKernel(const SparseMlaParams p, float scale_log2) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // Named barriers: full[k] (producer arrives, consumers wait), empty[k] (consumers arrive, producer waits),
+  // consumer-only and producer-only.
+  constexpr int kBarFull = 1;                   // ids 1, 2
+  constexpr int kBarEmpty = kBarFull + kKBufs;  // ids 3, 4
+  constexpr int kBarConsumers = kBarEmpty + kKBufs;
+  constexpr int kBarProducers = kBarConsumers + 1;
   constexpr int kDataChunks = kRowDataBytes / 16;
   constexpr float kRescaleSlack = 8.f;  // log2 units, as the 8-warp kernel
   constexpr int kThreadsPerHead = kConsumers / kHeads;
