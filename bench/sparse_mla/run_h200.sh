@@ -9,7 +9,9 @@
 # of the baseline and this build at NCU_BATCH), sweep32 (split counts at B = 32), comm (NCCL comm_gpu_test, if bundled), ncu,
 # ncu_stalls, sass, sass8 (spill instructions of the 8-warp 64-head kernel, with context), ncu_dram (HBM bytes
 # read by the main kernel at H = 64 and 128, NCU_BATCH), bench_odd (batches 1..128 incl. non-powers of two,
-# this build and the baseline). BUNDLE: the bundle folder.
+# this build and the baseline), smoke_ws (the warp-specialised kernel's tests alone, short timeout), sass_ws
+# (setmaxnreg / barrier / spill instructions of that kernel), bench_ws (the plan against the fourth pass's
+# two-warpgroup wgmma kernel, same binary), memcheck_ws / racecheck_ws. BUNDLE: the bundle folder.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -68,6 +70,26 @@ for step in $STEPS; do
     bench_odd) for bin in sparse_mla_bench_base sparse_mla_bench; do timeout 150 $B/bin/$bin --kernels=mma --mma_peak=false --reps=${ODD_REPS:-50} \
           --heads=${ODD_HEADS:-64} --batches=${ODD_BATCHES:-1,3,8,16,24,32,40,48,64,80,96,112,128} > "$OUT/odd_h${ODD_HEADS:-64}_$bin.txt" 2>&1; echo "rc=$? $bin H=${ODD_HEADS:-64}"
           grep "^| [0-9]" "$OUT/odd_h${ODD_HEADS:-64}_$bin.txt" | cut -c1-80; done ;;
+    smoke_ws) timeout ${SMOKE_TIMEOUT:-30} $B/bin/sparse_mla_test --gtest_color=no --gtest_filter='*_ws:*B128_H64_K128p512*:*Graph*:*Plan*' \
+          > "$OUT/smoke_ws.txt" 2>&1; echo "rc=$?"; grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED" "$OUT/smoke_ws.txt" | head -20 ;;
+    sass_ws) cuobjdump -sass $B/bin/sparse_mla_bench | awk '/Function : .*WgmmaWs/ {on=1} /Function : / && !/WgmmaWs/ {on=0} on' \
+          > "$OUT/sass_ws.txt"; echo "ws SASS lines: $(wc -l < "$OUT/sass_ws.txt"), STL $(grep -c STL "$OUT/sass_ws.txt"), LDL $(grep -c LDL "$OUT/sass_ws.txt")"
+          grep -E "SETMAXREG|BAR\.|HGMMA|WARPGROUP" "$OUT/sass_ws.txt" | sed 's/^ *//' | cut -c1-90 | sort | uniq -c | sort -rn | head -20 ;;
+    bench_ws) R=${WS_REPS:-20}; A="--kernels=mma --mma_peak=false --reps=$R"
+          timeout 60 $B/bin/sparse_mla_bench $A --batches=${WS_BATCHES:-1,3,16,32,48,64,96,128} > "$OUT/ws_plan.txt" 2>&1; echo "rc=$? plan"
+          grep "^| [0-9]" "$OUT/ws_plan.txt" | cut -c1-90
+          timeout 30 $B/bin/sparse_mla_bench $A --batches=${WS_OLD:-64,128} --wgmma_ws=-1 > "$OUT/ws_twowg.txt" 2>&1; echo "rc=$? two-warpgroup wgmma"
+          grep "^| [0-9]" "$OUT/ws_twowg.txt" | cut -c1-90
+          timeout 30 $B/bin/sparse_mla_bench $A --batches=${WS_OLD:-64,128} --wgmma=-1 > "$OUT/ws_mmasync.txt" 2>&1; echo "rc=$? mma.sync 8-warp"
+          grep "^| [0-9]" "$OUT/ws_mmasync.txt" | cut -c1-90
+          timeout 30 $B/bin/sparse_mla_bench $A --batches=16,32 --wgmma=1 > "$OUT/ws_forced.txt" 2>&1; echo "rc=$? ws forced"
+          grep "^| [0-9]" "$OUT/ws_forced.txt" | cut -c1-90
+          for h in 16 128; do timeout 40 $B/bin/sparse_mla_bench $A --heads=$h --batches=$([ $h = 16 ] && echo 1,32,128 || echo 32,64,128) > "$OUT/ws_h$h.txt" 2>&1
+          echo "rc=$? H=$h"; grep "^| [0-9]" "$OUT/ws_h$h.txt" | cut -c1-90; done ;;
+    memcheck_ws) timeout ${MC_TIMEOUT:-60} compute-sanitizer --tool memcheck --error-exitcode 9 $B/bin/sparse_mla_test \
+          --gtest_filter='*_ws:*B5_H64_K128p512*_wgmma:*B4_H64_K5p7*_wgmma:*B1_H64*twowg:*B5_H64*twowg' > "$OUT/memcheck_ws.txt" 2>&1; echo "rc=$?"; tail -3 "$OUT/memcheck_ws.txt" ;;
+    racecheck_ws) timeout ${RC_TIMEOUT:-60} compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
+          --gtest_filter='*B7_H64*_ws:*B6_H64*_ws:*B4_H64_K5p7*_wgmma:*B2_H64*_len_holes*_ws' > "$OUT/racecheck_ws.txt" 2>&1; echo "rc=$?"; tail -3 "$OUT/racecheck_ws.txt" ;;
     sass) cuobjdump -sass $B/bin/sparse_mla_bench > "$OUT/sass_full.txt" 2>&1
           grep -oE "(HMMA|LDSM|LDGSTS|F2FP|HADD2|BAR|SHFL|MUFU)[.A-Z0-9_]*" "$OUT/sass_full.txt" | sort | uniq -c > "$OUT/sass_summary.txt"
           cat "$OUT/sass_summary.txt"; rm -f "$OUT/sass_full.txt" ;;

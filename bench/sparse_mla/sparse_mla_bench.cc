@@ -7,6 +7,7 @@
 //
 //   sparse_mla_bench [--heads=64] [--batches=1,2,4,8,16,32,64,128] [--window=128] [--extra=512] [--reps=100]
 //                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--warps=0] [--m_tiles=0] [--pdl=0] [--wgmma=0]
+//                    [--wgmma_ws=0]
 //                    [--pool_mb=200] [--mma_peak=true]
 #include <cuda_runtime_api.h>
 
@@ -41,6 +42,8 @@ ABSL_FLAG(int, warps, 0, "MMA block width override: 16 (wide kernel) or 8 (0 = p
 ABSL_FLAG(int, m_tiles, 0, "MMA 16-head m-tiles per block override: 1, 2 or 4 (0 = plan's choice)");
 ABSL_FLAG(int, pdl, 0, "split combine with programmatic dependent launch: 1 on, -1 off (0 = plan's choice)");
 ABSL_FLAG(int, wgmma, 0, "sm_90a wgmma kernel for 64-head blocks: 1 on, -1 off (0 = plan's choice)");
+ABSL_FLAG(int, wgmma_ws, 0,
+          "which wgmma kernel: 1 warp-specialised, -1 the two-warpgroup one (0 = plan's choice)");
 ABSL_FLAG(bool, mma_peak, true, "measure the mma.sync bf16 rate first (compute floor columns)");
 ABSL_FLAG(int, pool_mb, 200, "KV pool size in MB (rows rotated through; keep well above the L2)");
 
@@ -195,7 +198,8 @@ double TimeKernel(SparseMlaKernel kernel, const std::vector<InputSet>& sets, con
                                .warps = absl::GetFlag(FLAGS_warps),
                                .m_tiles = absl::GetFlag(FLAGS_m_tiles),
                                .pdl = absl::GetFlag(FLAGS_pdl),
-                               .wgmma = absl::GetFlag(FLAGS_wgmma)};
+                               .wgmma = absl::GetFlag(FLAGS_wgmma),
+                               .wgmma_ws = absl::GetFlag(FLAGS_wgmma_ws)};
   auto plan = MakeSparseMlaPlan(kernel, B, H, K_w + K_e, options);
   if (!plan.ok()) {
     std::fprintf(stderr, "plan: %s\n", plan.status().ToString().c_str());
@@ -309,7 +313,7 @@ int Main() {
     const double mma_floor = mma_peak > 0 ? flops / mma_peak : 0.0;
     std::printf("| %d | %d | %d | %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
                 B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits, mma_plan.pdl ? 1 : 0,
-                mma_plan.wgmma ? 1 : 0, t_mma * 1e6, t_simt * 1e6,
+                mma_plan.wgmma_ws ? 2 : mma_plan.wgmma ? 1 : 0, t_mma * 1e6, t_simt * 1e6,
                 t_mma > 0 ? t_simt / t_mma : 0.0, t_mma > 0 ? bytes / t_mma * 1e-9 : 0.0,
                 t_mma > 0 ? flops / t_mma * 1e-12 : 0.0, floor * 1e6, t_mma > 0 ? 100.0 * floor / t_mma : 0.0,
                 mma_floor * 1e6, t_mma > 0 ? 100.0 * mma_floor / t_mma : 0.0, diff);
@@ -318,7 +322,7 @@ int Main() {
   }
   std::printf("\nbytes = q + out (bf16) + selected rows (584 B + 4 B index each) + lse; HBM floor = bytes / copy "
               "bandwidth; mma floor = 4 B H K 512 FLOP / mma.sync ceiling; warps 16 = wide kernel (32-row tiles), "
-              "8 = 8-warp kernel; check = |out_mma - out_simt| / |out_simt| on set 0\n");
+              "8 = 8-warp kernel; wgmma 1 = the two-warpgroup wgmma kernel, 2 = the warp-specialised one; check = |out_mma - out_simt| / |out_simt| on set 0\n");
   return 0;
 }
 

@@ -114,6 +114,29 @@ __device__ __forceinline__ bool LocateRow(const SparseMlaParams& p, int b, int p
   addr.scales = base + static_cast<int64_t>(page_rows) * kRowDataBytes + r * kRowScaleBytes;
   return true;
 }
+// LocateRow in two steps (the wgmma kernels), so the index of a later tile can be loaded early: LoadRowId
+// reads the physical row id of position pos, RowFromId turns it into addresses (false for skipped ids).
+__device__ __forceinline__ int32_t LoadRowId(const SparseMlaParams& p, int b, int pos, int ew) {
+  const bool is_extra = pos >= ew;
+  const int32_t* indices = is_extra ? p.extra.indices : p.window.indices;
+  const int index_stride = is_extra ? p.extra.index_stride : p.window.index_stride;
+  const int j = is_extra ? pos - ew : pos;
+  return __ldg(indices + static_cast<int64_t>(b) * index_stride + j);
+}
+__device__ __forceinline__ bool RowFromId(const SparseMlaParams& p, bool is_extra, int32_t id, RowAddress& addr) {
+  const int page_rows = is_extra ? p.extra.page_rows : p.window.page_rows;
+  const int64_t num_pages = is_extra ? p.extra.num_pages : p.window.num_pages;
+  const uint8_t* cache = is_extra ? p.extra.cache : p.window.cache;
+  if (id < 0 || id >= num_pages * page_rows) return false;
+  const int page = id / page_rows;
+  const int r = id - page * page_rows;
+  const int64_t stride =
+      (static_cast<int64_t>(page_rows) * kRowBytes + kRowDataBytes - 1) / kRowDataBytes * kRowDataBytes;
+  const uint8_t* base = cache + page * stride;
+  addr.data = base + static_cast<int64_t>(r) * kRowDataBytes;
+  addr.scales = base + static_cast<int64_t>(page_rows) * kRowDataBytes + r * kRowScaleBytes;
+  return true;
+}
 
 // Programmatic dependent launch (sm_90+; no-ops where the launch did not ask for it): the main kernels let
 // the split combine start launching once their blocks reach the epilogue, and the combine waits for the whole

@@ -30,11 +30,15 @@ bool MmaWgmmaBuilt();
 int MmaWgmmaSmemBytes();
 cudaError_t PrepareMmaWgmmaKernel();
 cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream);
-// Main kernel over (head group, split, sequence) -- the wide one when `wide`, the wgmma one when `wgmma`, else
-// the 8-warp one with tile_rows -- and, when num_splits > 1, the LSE combine kernel (with programmatic
+// The warp-specialised sm_90a wgmma kernel of sparse_mla_wgmma_ws.cu (same blocks; built where the other is).
+int MmaWgmmaWsSmemBytes();
+cudaError_t PrepareMmaWgmmaWsKernel();
+cudaError_t LaunchMmaWgmmaWsMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream);
+// Main kernel over (head group, split, sequence) -- the wide one when `wide`, the wgmma one when `wgmma` (the
+// warp-specialised one when also `wgmma_ws`), else the 8-warp one with tile_rows -- and, when num_splits > 1, the LSE combine kernel (with programmatic
 // dependent launch when pdl).
-cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, int m_tiles, int tile_rows,
-                            int num_splits, bool pdl, cudaStream_t stream);
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, bool wgmma_ws, int m_tiles,
+                            int tile_rows, int num_splits, bool pdl, cudaStream_t stream);
 // Test hook (sparse_mla_dequant_check.cu): out[256 s + c] = the kernels' bf16 dequantisation of e4m3
 // code c under ue8m0 scale byte s, for all 256 x 256 pairs (out: 65,536 uint16 in device memory).
 cudaError_t LaunchDequantTable(uint16_t* out, cudaStream_t stream);

@@ -23,6 +23,21 @@ constexpr bool kAutoPdl = false;
 // The automatic plan uses the wgmma kernel only for blocks of at least this many 32-row tiles.
 constexpr int kWgmmaMinTiles = 8;
 
+// Whether the automatic plan runs the warp-specialised wgmma kernel (else the fourth pass's two-warpgroup one).
+constexpr bool kAutoWgmmaWs = true;
+
+// Split count: one wave of blocks (every MMA kernel runs one block per SM): splits = SMs / blocks, clamped to
+// [1, tiles], then the fewest splits with the same tiles per split (the same critical path, fewer partials to
+// combine and fewer pipeline ramps): B = 3 at H = 64 gets 10 splits of 2 tiles instead of 11, B = 16 7 of 3
+// instead of 8. A cost model of waves x tiles per split that allowed more than one wave picked 5 splits at
+// B = 48 and 4 at B = 96 and was 18-35% slower there (H200, fifth pass): each extra block costs a pipeline
+// ramp and its partials, worth ~3 tiles.
+int ChooseSplits(int64_t blocks, int tiles, int sms) {
+  const int wave = static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
+  const int per_split = (tiles + wave - 1) / wave;
+  return (tiles + per_split - 1) / per_split;
+}
+
 }  // namespace
 
 absl::StatusOr<SparseMlaKernel> ParseSparseMlaKernel(std::string_view name) {
@@ -65,7 +80,12 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   DSV4_RETURN_IF_ERROR(CudaStatus(
       cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device), "compute capability"));
   const bool wgmma_available = internal::MmaWgmmaBuilt() && cc_major == 9 && cc_minor == 0 && num_heads >= 64 &&
-                               internal::MmaWgmmaSmemBytes() <= smem_optin;
+                               internal::MmaWgmmaSmemBytes() <= smem_optin &&
+                               internal::MmaWgmmaWsSmemBytes() <= smem_optin;
+  if (options.wgmma_ws < -1 || options.wgmma_ws > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("wgmma_ws is ", options.wgmma_ws, "; use 1 (warp-specialised), -1 (two warpgroups) or 0"));
+  }
   if (options.wgmma == 1) {
     if (!wgmma_available) {
       return absl::FailedPreconditionError(
@@ -108,9 +128,7 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   // Splits: the same for the 8-warp and the wgmma kernel (both 64-head blocks of 32-row tiles).
   const int tiles = std::max(1, (max_topk + plan.tile_rows - 1) / plan.tile_rows);
   const int64_t blocks = static_cast<int64_t>(max_batch) * plan.head_groups;
-  plan.num_splits = options.num_splits > 0
-                        ? options.num_splits
-                        : static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
+  plan.num_splits = options.num_splits > 0 ? options.num_splits : ChooseSplits(blocks, tiles, sms);
   if (plan.num_splits > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("num_splits is ", plan.num_splits, ", at most 65535"));
   }
@@ -122,9 +140,11 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   const bool long_blocks = (tiles + plan.num_splits - 1) / plan.num_splits >= kWgmmaMinTiles;
   plan.wgmma = options.wgmma == 1 || (options.wgmma == 0 && !shape_pinned && wgmma_available && long_blocks &&
                                       plan.warps == 8 && plan.m_tiles == 4 && plan.tile_rows == 32);
-  plan.smem_bytes = plan.warps == 16 ? internal::MmaWideSmemBytes(plan.m_tiles)
-                    : plan.wgmma     ? internal::MmaWgmmaSmemBytes()
-                                     : internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
+  plan.wgmma_ws = plan.wgmma && (options.wgmma_ws == 1 || (options.wgmma_ws == 0 && kAutoWgmmaWs));
+  plan.smem_bytes = plan.warps == 16  ? internal::MmaWideSmemBytes(plan.m_tiles)
+                    : plan.wgmma_ws   ? internal::MmaWgmmaWsSmemBytes()
+                    : plan.wgmma      ? internal::MmaWgmmaSmemBytes()
+                                      : internal::MmaSmemBytes(plan.m_tiles, plan.tile_rows);
   if (plan.smem_bytes > smem_optin) {
     return absl::FailedPreconditionError(absl::StrCat("the MMA kernel needs ", plan.smem_bytes,
                                                       " bytes of shared memory per block; this GPU allows ",
@@ -136,6 +156,7 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   }
   plan.pdl = cc_major >= 9 && (options.pdl == 1 || (options.pdl == 0 && kAutoPdl));
   DSV4_RETURN_IF_ERROR(CudaStatus(plan.warps == 16 ? internal::PrepareMmaWideKernel(plan.m_tiles)
+                                  : plan.wgmma_ws  ? internal::PrepareMmaWgmmaWsKernel()
                                   : plan.wgmma     ? internal::PrepareMmaWgmmaKernel()
                                                    : internal::PrepareMmaKernel(plan.m_tiles, plan.tile_rows),
                                   "cudaFuncSetAttribute"));
@@ -169,8 +190,8 @@ absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMl
                                                    " bytes (or is null or misaligned); this launch needs ",
                                                    need, " bytes, 16-byte aligned"));
   }
-  return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.wgmma, plan.m_tiles, plan.tile_rows,
-                                              plan.num_splits, plan.pdl, stream),
+  return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.wgmma, plan.wgmma_ws, plan.m_tiles,
+                                              plan.tile_rows, plan.num_splits, plan.pdl, stream),
                     "MMA sparse-MLA launch");
 }
 

@@ -34,6 +34,9 @@ struct SparseMlaPlanOptions {
   // sm_90a or the GPU is not compute capability 9.0), -1 keeps the mma.sync kernels, 0 = automatic (used for
   // 64-head blocks when available and no other shape option is given).
   int wgmma = 0;
+  // Which wgmma kernel: 1 the warp-specialised one (producer warpgroup, sparse_mla_wgmma_ws.cu), -1 the
+  // fourth pass's two-warpgroup one (sparse_mla_wgmma.cu), 0 = automatic.
+  int wgmma_ws = 0;
 };
 
 struct SparseMlaPlan {
@@ -47,7 +50,8 @@ struct SparseMlaPlan {
   int tile_rows = 0;        // MMA: KV rows per pipeline step
   int num_splits = 1;       // MMA: blocks per (sequence, head group) along the selected rows
   bool pdl = false;         // MMA: the combine launches with programmatic dependent launch (sm_90+)
-  bool wgmma = false;       // MMA: the sm_90a wgmma kernel (sparse_mla_wgmma.cu) instead of the 8-warp one
+  bool wgmma = false;       // MMA: an sm_90a wgmma kernel instead of the 8-warp one
+  bool wgmma_ws = false;    // MMA, with wgmma: the warp-specialised wgmma kernel (sparse_mla_wgmma_ws.cu)
   int smem_bytes = 0;       // MMA: dynamic shared memory per block
   size_t workspace_bytes = 0;  // SparseMlaParams::workspace needed for max_batch
 };
@@ -56,7 +60,8 @@ struct SparseMlaPlan {
 // 16-head (<= 4) or 32-head blocks where its shared memory fits, else 64-head blocks -- on the sm_90a wgmma
 // kernel where this build has it, the GPU is compute capability 9.0 and blocks hold >= 8 tiles, else on the
 // mma.sync 8-warp kernel;
-// splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU.
+// splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU, then
+// lowered to the fewest splits with the same tiles per split.
 // Raises the kernel's shared memory limit.
 absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
                                                 int max_topk, const SparseMlaPlanOptions& options = {});

@@ -485,13 +485,13 @@ size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
   return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 2) * sizeof(float);
 }
 
-cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, int m_tiles, int tile_rows,
-                            int num_splits, bool pdl, cudaStream_t stream) {
+cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, bool wgmma_ws, int m_tiles,
+                            int tile_rows, int num_splits, bool pdl, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
   if (wide) {
     err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
   } else if (wgmma) {
-    err = LaunchMmaWgmmaMain(p, num_splits, stream);
+    err = wgmma_ws ? LaunchMmaWgmmaWsMain(p, num_splits, stream) : LaunchMmaWgmmaMain(p, num_splits, stream);
   } else {
     if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
     err = Dispatch(m_tiles, tile_rows,

@@ -23,6 +23,9 @@
 
 #include "kernels/sparse_mla/sparse_mla_device.cuh"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "kernels/sparse_mla/sparse_mla_wgmma_ops.cuh"
+#endif
 
 namespace dsv4::kernels::sparse_mla {
 namespace {
@@ -64,75 +67,6 @@ constexpr float kRescaleSlack = 8.f;  // log2 units, as the 8-warp kernel
 constexpr int kThreadsPerHead = kThreads / kHeads;
 constexpr int kRowsPerThread = kRows / kThreadsPerHead;
 
-// Interleaved (no-swizzle) layout of an [R][512] bf16 matrix: the 16 bytes of row r, dims 8c .. 8c + 7 sit
-// at byte (c R + r) 16, so each core matrix (8 rows x 8 dims) is 128 contiguous bytes, rows 16 bytes apart.
-template <int kR>
-__device__ __forceinline__ int InterleavedChunk(int r, int c) {
-  return (c * kR + r) * 16;
-}
-
-// wgmma shared-memory matrix descriptor, no swizzle: start address, leading-dimension byte offset (K-major:
-// between core matrices adjacent in K; N-major: adjacent in K as well, i.e. the next 8 rows) and
-// stride-dimension byte offset (K-major: the next 8 rows of M / N; N-major: the next 8 columns of N).
-__device__ __forceinline__ uint64_t SmemDesc(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
-  return static_cast<uint64_t>((saddr & 0x3ffff) >> 4) | (static_cast<uint64_t>(lbo >> 4) << 16) |
-         (static_cast<uint64_t>(sbo >> 4) << 32);
-}
-
-__device__ __forceinline__ void WgmmaFence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaCommit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void WgmmaWaitAll() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Generic-proxy shared-memory writes (dequant stores, cp.async) made visible to the async proxy (wgmma).
-__device__ __forceinline__ void FenceProxyAsync() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-
-// d += A B for m64n32k16 (bf16 in, f32 accumulate), A and B from shared memory (descriptors);
-// scale_d = 0 overwrites d. K-major A and B.
-__device__ __forceinline__ void WgmmaM64N32Ss(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
-}
-
-// d += A B for m64n256k16 (bf16 in, f32 accumulate), A from registers (the mma.sync m16n8k16 A
-// fragment of the warp's 16 rows), B from shared memory, N-major (transposed).
-__device__ __forceinline__ void WgmmaM64N256RsT(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
-  asm volatile(
-      "{\n.reg .pred p;\n"
-      "setp.ne.b32 p, %133, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
-      "}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
-        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
-        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
-        "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
-        "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
-        "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
-        "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
-        "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
-        "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
-        "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
-}
-
 #endif
 
 __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaKernel(const SparseMlaParams p, float scale_log2) {
@@ -156,13 +90,19 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaKernel(const Sparse
   }
 
   // ---- gather one raw tile (576 data + 8 scale bytes per row), as the 8-warp kernel ----
-  auto load_tile = [&](int tile, int stage) {
+  // The row id of this thread's row of a tile, loaded one tile before load_tile uses it, so the index load's
+  // latency is not on the per-tile path (fifth pass: a dependent index load + copy per tile was).
+  auto fetch_id = [&](int tile) -> int32_t {
+    const int pos = (range.tile_begin + tile) * kRows + tid / (kThreads / kRows);
+    return pos < range.n ? LoadRowId(p, b, pos, range.ew) : -1;
+  };
+  auto load_tile = [&](int tile, int stage, int32_t id) {
     constexpr int kThreadsPerRow = kThreads / kRows;
     const int row = tid / kThreadsPerRow, sub = tid % kThreadsPerRow;
     const int pos = (range.tile_begin + tile) * kRows + row;
     const uint8_t* dummy = reinterpret_cast<const uint8_t*>(p.q);  // never read (zero-fill copies)
     RowAddress addr{dummy, dummy};
-    const bool valid = pos < range.n && LocateRow(p, b, pos, range.ew, addr);
+    const bool valid = pos < range.n && RowFromId(p, pos >= range.ew, id, addr);
     uint8_t* st = smem + stage * kRawStage;
     const uint32_t dst = SmemAddr(st + row * kRowDataBytes);
     for (int part = sub; part <= kDataChunks; part += kThreadsPerRow) {
@@ -314,15 +254,17 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaKernel(const Sparse
 
   // ---- pipeline (as the 8-warp kernel): tile t+1 lands while t is scored; t+1 is dequantised while the
   // asynchronous P V of tile t runs ----
-  if (range.num_tiles > 0) load_tile(0, 0);
+  if (range.num_tiles > 0) load_tile(0, 0, fetch_id(0));
   CpAsyncCommit();  // group 0: Q and tile 0
-  if (range.num_tiles > 1) load_tile(1, 1);
+  if (range.num_tiles > 1) load_tile(1, 1, fetch_id(1));
   CpAsyncCommit();
+  int32_t id_ahead = range.num_tiles > 2 ? fetch_id(2) : -1;  // the next load_tile's row id
   CpAsyncWait<1>();
   __syncthreads();
   if (range.num_tiles > 0) dequant_tile(0, 0);
-  if (range.num_tiles > 2) load_tile(2, 2);
+  if (range.num_tiles > 2) load_tile(2, 2, id_ahead);
   CpAsyncCommit();
+  if (range.num_tiles > 3) id_ahead = fetch_id(3);
   FenceProxyAsync();  // Q (cp.async) and tile 0 (stores) -> wgmma
   __syncthreads();
   for (int t = 0; t < range.num_tiles; ++t) {
@@ -333,8 +275,9 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaKernel(const Sparse
     __syncthreads();
     pv_issue(t & 1);
     if (t + 1 < range.num_tiles) dequant_tile((t + 1) % kStages, (t + 1) & 1);
-    if (t + 3 < range.num_tiles) load_tile(t + 3, t % kStages);
+    if (t + 3 < range.num_tiles) load_tile(t + 3, t % kStages, id_ahead);
     CpAsyncCommit();
+    if (t + 4 < range.num_tiles) id_ahead = fetch_id(t + 4);
     FenceProxyAsync();
     WgmmaWaitAll();
     __syncthreads();

@@ -169,7 +169,7 @@ bool WgmmaRuns() {
 
 TEST_P(GpuSparseMla, MatchesReference) {
   SKIP_WITHOUT_GPU();
-  if (GetParam().options.wgmma == 1 && !WgmmaRuns()) {
+  if ((GetParam().options.wgmma == 1 || GetParam().options.wgmma_ws == 1) && !WgmmaRuns()) {
     GTEST_SKIP() << "the wgmma kernel needs an sm_90a build (90a in CMAKE_CUDA_ARCHITECTURES) on an sm_90 GPU";
   }
   const ProblemSpec& s = GetParam().spec;
@@ -188,7 +188,8 @@ TEST_P(GpuSparseMla, MatchesReference) {
     const ErrorReport vs_exact = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/false);
     std::printf("[%s] %s warps=%d wgmma=%d tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n"
                 "  vs exact reference:       %s\n",
-                mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps, run->plan.wgmma ? 1 : 0, run->plan.tile_rows,
+                mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps,
+                run->plan.wgmma_ws ? 2 : run->plan.wgmma ? 1 : 0, run->plan.tile_rows,
                 run->plan.num_splits,
                 vs_bf16.ToString().c_str(), vs_exact.ToString().c_str());
     const double tol = mma ? 1e-2 : 1e-4;
@@ -312,7 +313,34 @@ INSTANTIATE_TEST_SUITE_P(
              {.wgmma = -1}),
         Case({.batch = 96, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 7,
               .seed = 157},
-             {.wgmma = -1})),
+             {.wgmma = -1}),
+        // Fifth pass: the plan's wgmma kernel is the warp-specialised one (the forced cases above and the
+        // automatic B >= 48 cases run it); the fourth pass's two-warpgroup wgmma kernel stays tested here.
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 160},
+             {.wgmma = 1, .wgmma_ws = -1}),
+        Case({.batch = 5, .heads = 64, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 161},
+             {.wgmma = 1, .wgmma_ws = -1}),
+        Case({.batch = 64, .heads = 128, .topk_window = 128, .topk_extra = 872, .page_rows_extra = 256,
+              .lengths = true, .holes = 0.1, .extreme = true, .seed = 162},
+             {.wgmma = 1, .wgmma_ws = -1}),
+        // The warp-specialised kernel: one and two tiles per block (the hand-off barriers' edge cases), odd
+        // splits, and long blocks (K = 1000: 32 tiles through the two bf16 buffers).
+        Case({.batch = 7, .heads = 64, .topk_window = 20, .topk_extra = 12, .lengths = true, .seed = 163},
+             {.wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 6, .heads = 64, .topk_window = 64, .topk_extra = 0, .holes = 0.1, .seed = 164},
+             {.wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 9, .heads = 128, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 3,
+              .seed = 165},
+             {.num_splits = 3, .wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 16, .heads = 64, .topk_window = 64, .topk_extra = 448, .page_rows_window = 256,
+              .page_rows_extra = 2, .holes = 0.1, .empty_every = 5, .extreme = true, .seed = 168},
+             {.num_splits = 3, .wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 872, .page_rows_window = 64,
+              .page_rows_extra = 256, .extreme = true, .seed = 166},
+             {.num_splits = 1, .wgmma = 1, .wgmma_ws = 1}),
+        Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 872, .page_rows_window = 64,
+              .page_rows_extra = 256, .lengths = true, .holes = 0.1, .seed = 169},
+             {.num_splits = 1, .wgmma = 1, .wgmma_ws = 1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
@@ -321,6 +349,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (info.param.options.m_tiles) name += "_m" + std::to_string(info.param.options.m_tiles);
       if (info.param.options.pdl) name += "_pdl" + std::to_string(info.param.options.pdl);
       if (info.param.options.wgmma) name += info.param.options.wgmma == 1 ? "_wgmma" : "_mmasync";
+      if (info.param.options.wgmma_ws) name += info.param.options.wgmma_ws == 1 ? "_ws" : "_twowg";
       return name;
     });
 
@@ -332,9 +361,10 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
   ASSERT_TRUE(dev.ok());
   // The wide kernel's combine without and with programmatic dependent launch, and the 8-warp kernel's.
   for (const SparseMlaPlanOptions options : {SparseMlaPlanOptions{.pdl = -1}, SparseMlaPlanOptions{.pdl = 1},
-                                             SparseMlaPlanOptions{.warps = 8}, SparseMlaPlanOptions{.wgmma = 1}}) {
+                                             SparseMlaPlanOptions{.warps = 8}, SparseMlaPlanOptions{.wgmma = 1},
+                                             SparseMlaPlanOptions{.wgmma = 1, .wgmma_ws = -1}}) {
     SCOPED_TRACE(::testing::Message() << "pdl " << options.pdl << ", warps " << options.warps << ", wgmma "
-                                      << options.wgmma);
+                                      << options.wgmma << ", wgmma_ws " << options.wgmma_ws);
     if (options.wgmma == 1 && !WgmmaRuns()) continue;
     auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, options);
     ASSERT_TRUE(direct.ok()) << direct.status();
@@ -407,8 +437,50 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.wgmma = 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.wgmma_ws = 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
   EXPECT_NE(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.wgmma = 1}).status().code(),
             absl::StatusCode::kOk);  // 16 heads: no 64-head block
+}
+
+// The plan's split count at H = 16, 64 and 128 and every batch 1..128 with K = 640 (blocks run one per SM):
+// where the batch's blocks fit one wave, the splits fill it without a second wave, no split count that keeps
+// one wave gives fewer tiles per block, and no smaller one gives as few; a batch's critical path (waves x
+// tiles per split) is never longer than the next larger batch's, so no bucket is slower than a bigger one by
+// construction (compared from B = 10: up to B = 8 the plan uses smaller head groups).
+TEST(GpuSparseMlaPlan, SplitsFillTheGpuAtEveryBatch) {
+  SKIP_WITHOUT_GPU();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  for (const int heads : {16, 64, 128}) {
+    int64_t prev_path = 0;
+    for (int batch = 1; batch <= 128; ++batch) {
+      SCOPED_TRACE(::testing::Message() << "H " << heads << " B " << batch);
+      auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, batch, heads, 640);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const int tiles = (640 + plan->tile_rows - 1) / plan->tile_rows;
+      const int64_t blocks = int64_t{batch} * plan->head_groups;
+      const int splits = plan->num_splits;
+      auto per_split = [&](int s) { return (tiles + s - 1) / s; };
+      if (blocks <= sms) {
+        EXPECT_LE(blocks * splits, sms);
+        for (int s = 1; s <= tiles && blocks * s <= sms; ++s) {
+          EXPECT_GE(per_split(s), per_split(splits)) << s << " splits";
+          if (s < splits) {
+            EXPECT_GT(per_split(s), per_split(splits)) << s << " splits";
+          }
+        }
+      } else {
+        EXPECT_EQ(splits, 1);
+      }
+      const int64_t path = (blocks * splits + sms - 1) / sms * per_split(splits);
+      if (batch >= 10) {
+        EXPECT_GE(path, prev_path);
+      }
+      prev_path = path;
+    }
+  }
 }
 
 // The kernels' dequantisation (DequantE4m3x4) against the host conversions of common/float_formats.h, bit
