@@ -53,6 +53,7 @@ struct IndexerParams {
   int heads = 0, dim = 0, k = 0;     // IH, ID, Ksel
   int64_t max_rows = 0;              // visible rows are clamped to it (the scratch row length)
   float* scores = nullptr;           // scratch [G, max_rows]
+  int64_t topk_keys = 0;             // top-k: tokens with at most this many rows stage their keys in shared memory
   int64_t t0 = 0;                    // first token of the group
 };
 
@@ -166,11 +167,12 @@ __global__ void __launch_bounds__(kScoreThreads) IndexerScoreKernel(const Indexe
 
 constexpr int kMmaHeads = 64, kMmaDim = 128;
 constexpr int kMmaThreads = 128;              // 4 warps x 16 heads
-constexpr int kMmaLd = kMmaDim + 4;           // fp32 K tile row stride: conflict-free float2 fragment reads
+constexpr int kMmaLd = kMmaDim + 8;           // fp32 K tile row stride (= 8 mod 32 banks): the float2 fragment
+                                              // reads of a half-warp (rows g < 4, columns 2 t4) hit 16 bank pairs
 constexpr int kPartLd = kTileRows + 8;        // relu(q . k) [head][row]
 constexpr int kLoadsPerThread = kTileRows * kMmaDim / 4 / kMmaThreads;  // float4s of a tile per thread
 
-int ScoreMmaSmemBytes() { return 4 * (kTileRows * kMmaLd + kMmaHeads * kPartLd + kMmaHeads) + kTileRows * 8; }
+int ScoreMmaSmemBytes() { return 4 * (kTileRows * kMmaLd + kMmaHeads * kPartLd + kMmaHeads) + 2 * kTileRows * 8; }
 
 // 16 bytes global -> shared without registers (sm_80+); zeros when !valid (src is then not read).
 __device__ __forceinline__ void CpAsync16(float* dst, const float* src, bool valid) {
@@ -209,7 +211,7 @@ __global__ void __launch_bounds__(kMmaThreads, 4) IndexerScoreMmaKernel(const In
   float* ks = reinterpret_cast<float*>(smem4);  // [64 rows][kMmaLd]
   float* part = ks + kTileRows * kMmaLd;        // [64 heads][kPartLd]
   float* ws = part + kMmaHeads * kPartLd;       // [64] w * weight_scale
-  const float** rows_s = reinterpret_cast<const float**>(ws + kMmaHeads);  // [64] the tile's row pointers
+  const float** rows_s = reinterpret_cast<const float**>(ws + kMmaHeads);  // [2][64] row pointers, two tiles
   const int64_t g = blockIdx.y, t = p.t0 + g;
   const int64_t n = VisibleRows(p, t);
   if (n <= p.k) return;  // padding, or every row is kept: no scores needed
@@ -240,30 +242,28 @@ __global__ void __launch_bounds__(kMmaThreads, 4) IndexerScoreMmaKernel(const In
   const bool q_exact = !__syncthreads_or((bad & 0xffffu) != 0);
 
   float* out = p.scores + g * p.max_rows;
-  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+  // Row pointer of visible row `row` (null past n or for a missing page).
+  const auto row_ptr = [&](int64_t row) -> const float* {
+    if (row >= n) return nullptr;
+    const int32_t page = p.index_tables.pages[b * p.index_tables.stride + static_cast<int32_t>(row) / page_rows];
+    if (page < 0) return nullptr;
+    return reinterpret_cast<const float*>(p.cache.base + page * p.cache.page_bytes) +
+           (static_cast<int32_t>(row) % page_rows) * kMmaDim;
+  };
+  if (tid < kTileRows) rows_s[tid] = row_ptr(blockIdx.x * int64_t{kTileRows} + tid);
+  for (int64_t tile = blockIdx.x, it = 0; tile < tiles; tile += gridDim.x, ++it) {
     const int64_t row0 = tile * kTileRows;
-    __syncthreads();  // ks and part free again (the previous tile's head sums are done)
-    // One pointer per row of the tile (null past n or for a missing page), then the tile by 16-byte cp.async
-    // copies: a warp copies whole 512-byte rows (coalesced; conflict-free shared stores), zeros for null rows.
-    if (tid < kTileRows) {
-      const float* src = nullptr;
-      const int64_t row = row0 + tid;
-      if (row < n) {
-        const int32_t page = p.index_tables.pages[b * p.index_tables.stride + static_cast<int32_t>(row) / page_rows];
-        if (page >= 0) {
-          src = reinterpret_cast<const float*>(p.cache.base + page * p.cache.page_bytes) +
-                (static_cast<int32_t>(row) % page_rows) * kMmaDim;
-        }
-      }
-      rows_s[tid] = src;
-    }
-    __syncthreads();
+    const float** rows = rows_s + (it & 1) * kTileRows;
+    __syncthreads();  // ks and part free again (the previous tile's head sums are done); `rows` written
+    // The tile by 16-byte cp.async copies: a warp copies whole 512-byte rows (coalesced; conflict-free shared
+    // stores), zeros for null rows; then the next tile's row pointers (their table reads overlap the copies).
 #pragma unroll
     for (int j = 0; j < kLoadsPerThread; ++j) {
       const int i = tid + kMmaThreads * j, r = i / (kMmaDim / 4), c = i % (kMmaDim / 4);
-      const float* src = rows_s[r];
+      const float* src = rows[r];
       CpAsync16(ks + r * kMmaLd + 4 * c, src != nullptr ? src + 4 * c : p.q, src != nullptr);
     }
+    if (tid < kTileRows) rows_s[((it + 1) & 1) * kTileRows + tid] = row_ptr(row0 + gridDim.x * kTileRows + tid);
     CpAsyncWaitAll();
     __syncthreads();
 
@@ -323,6 +323,7 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
   __shared__ uint32_t found_bin, found_need;
+  extern __shared__ uint32_t keys_s[];  // [topk_keys] order keys of the scores
   const int64_t g = blockIdx.x, t = p.t0 + g;
   const int tid = threadIdx.x, lane = tid & 31;
   int32_t* out = p.selected + t * p.k;
@@ -334,6 +335,21 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
     return;
   }
   const float* score = p.scores + g * p.max_rows;
+  // The keys once into shared memory (four independent loads in flight per thread), so the five passes below
+  // read shared memory instead of waiting on L2 once per 512 rows each.
+  const bool staged = n <= p.topk_keys;
+  if (staged) {
+    for (int64_t i0 = tid; i0 < n; i0 += 4 * kTopkThreads) {
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = i0 + u * kTopkThreads < n ? score[i0 + u * kTopkThreads] : 0.f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (i0 + u * kTopkThreads < n) keys_s[i0 + u * kTopkThreads] = ScoreKey(v[u]);
+      }
+    }
+  }
+  const auto key_of = [&](int64_t i) { return staged ? keys_s[i] : ScoreKey(score[i]); };
 
   // Radix select of the k-th largest key, 8 bits at a time from the top.
   uint32_t prefix = 0, mask = 0, need = static_cast<uint32_t>(p.k);
@@ -344,7 +360,7 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
       const int64_t i = base + tid;
       uint32_t bin = 256;  // none
       if (i < n) {
-        const uint32_t key = ScoreKey(score[i]);
+        const uint32_t key = key_of(i);
         if ((key & mask) == prefix) bin = (key >> shift) & 255u;
       }
       const unsigned peers = __match_any_sync(attn::kFullMask, bin);
@@ -387,7 +403,7 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
     const int64_t i = base + tid;
     uint32_t gt = 0, eq = 0;
     if (i < n) {
-      const uint32_t key = ScoreKey(score[i]);
+      const uint32_t key = key_of(i);
       gt = key > prefix;
       eq = key == prefix;
     }
@@ -457,14 +473,25 @@ absl::Status LaunchIndexer(const IndexerArgs& a, const CudaScratch& scratch, cud
     DSV4_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mma ? IndexerScoreMmaKernel : IndexerScoreKernel,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  // Enough blocks per token to fill the GPU about 4 times over at this group size; each strides over tiles.
+  // One wave: as many blocks per token as fit on the GPU at once for this group (a second, partial wave of
+  // blocks that each stride over many tiles would double the time); each block strides over tiles.
+  int resident = 0;
+  DSV4_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &resident, mma ? IndexerScoreMmaKernel : IndexerScoreKernel, mma ? kMmaThreads : kScoreThreads, smem));
   const int64_t tiles = std::max<int64_t>(1, (a.max_rows + kTileRows - 1) / kTileRows);
-  const int64_t per_token = std::clamp<int64_t>((4 * int64_t{sms} + group - 1) / group, 1, tiles);
+  const int64_t per_token = std::clamp<int64_t>(std::max(resident, 1) * int64_t{sms} / group, 1, tiles);
+  // Top-k keys staged in shared memory up to the opt-in limit (less the kernel's static shared memory).
+  const int64_t topk_keys = std::min<int64_t>(row_floats, (smem_optin - 8192) / 4);
+  const int topk_smem = static_cast<int>(std::max<int64_t>(topk_keys, 0) * 4);
+  if (topk_smem > 48 * 1024) {
+    DSV4_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(IndexerTopkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, topk_smem));
+  }
   IndexerParams p{.q = a.q, .w = a.w, .weight_scale = a.weight_scale, .cache = a.cache,
                   .index_tables = a.index_tables, .target_tables = a.target_tables, .step = a.step,
                   .selected = a.selected, .selected_count = a.selected_count, .heads = static_cast<int>(a.heads),
                   .dim = static_cast<int>(a.dim), .k = static_cast<int>(a.k), .max_rows = a.max_rows,
-                  .scores = static_cast<float*>(scratch.data)};
+                  .scores = static_cast<float*>(scratch.data), .topk_keys = topk_keys};
   for (int64_t t0 = 0; t0 < a.step.t; t0 += group) {
     const int64_t g = std::min(group, a.step.t - t0);
     p.t0 = t0;
@@ -475,7 +502,7 @@ absl::Status LaunchIndexer(const IndexerArgs& a, const CudaScratch& scratch, cud
       IndexerScoreKernel<<<grid, kScoreThreads, smem, stream>>>(p);
     }
     DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Indexer scores"));
-    IndexerTopkKernel<<<static_cast<unsigned>(g), kTopkThreads, 0, stream>>>(p);
+    IndexerTopkKernel<<<static_cast<unsigned>(g), kTopkThreads, topk_smem, stream>>>(p);
     DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Indexer top-k"));
   }
   return absl::OkStatus();
