@@ -40,7 +40,8 @@ namespace {
 
 constexpr int kMaxGroup = 256;      // tokens per sparse-MLA launch (bounds the scratch)
 constexpr int kPrepThreads = 256;
-constexpr int kPrepHeads = 16;       // heads per prep / output block (a divisor of every padded head count)
+constexpr int kPrepHeads = 4;        // heads per prep / output block (a divisor of every padded head count):
+                                     // one or two 16-byte loads per thread, so a small step is one round trip
 constexpr int kDirectWarps = 4;
 constexpr int kMaxDimsPerLane = 16;  // DirectAttentionKernel: dim <= 512
 
@@ -114,36 +115,43 @@ __device__ __forceinline__ int64_t WindowRow(const StepIndex& s, const KvCacheVi
                                              int32_t staging_row0, int window, int64_t b, int64_t first,
                                              int32_t p0, int32_t q_pos) {
   if (q_pos >= p0) return staging_row0 + first + (q_pos - p0);
-  return attn::PhysicalRow(tab, b, q_pos % window, pool.page_rows);
+  // 32-bit division: positions, window slots and page rows are all below 2^31.
+  const int32_t slot = q_pos % window, page = tab.pages[b * tab.stride + slot / pool.page_rows];
+  return page < 0 ? -1 : int64_t{page} * pool.page_rows + slot % pool.page_rows;
 }
 
-// Grid (G, Hp / 16): block (g, y) rounds heads 16 y .. 16 y + 15 of token t0 + g to bf16 (zeros for padded heads
-// and padding tokens); the blocks of y = 0 also list the token's keys -- only the entries the sparse-MLA kernel
-// reads (it stops at win_len / comp_len) -- and block (0, 0) the padded sinks.
+// Grid (G, Hp / kPrepHeads + 1): block (g, y < Hp / kPrepHeads) rounds kPrepHeads heads of token t0 + g to bf16
+// (zeros for padded heads and padding tokens); block (g, Hp / kPrepHeads), in parallel with them, lists the token's
+// keys -- only the entries the sparse-MLA kernel reads (it stops at win_len / comp_len) -- and block (0, last) the
+// padded sinks.
 __global__ void __launch_bounds__(kPrepThreads) AttentionPrepKernel(const PrepParams p) {
   const int64_t g = blockIdx.x, t = p.t0 + g;
   const int tid = threadIdx.x, h0 = kPrepHeads * blockIdx.y;
   const int32_t pos = p.step.pos[t];
-  if (g == 0 && blockIdx.y == 0 && p.padded_heads != p.heads) {
+  if (h0 < p.padded_heads) {
+    // q rounded to bf16, four dims per 8-byte store.
+    constexpr int kQuads = kPrepHeads * sm::kKvDim / 4;
+    static_assert(kQuads % kPrepThreads == 0);
+    uint2* q16 = reinterpret_cast<uint2*>(p.q16 + (g * p.padded_heads + h0) * sm::kKvDim);
+    const float4* q = reinterpret_cast<const float4*>(p.q + (t * p.heads + h0) * sm::kKvDim);
+    const int real = pos < 0 ? 0 : min(kPrepHeads, p.heads - h0) * (sm::kKvDim / 4);
+    float4 x[kQuads / kPrepThreads];
+#pragma unroll
+    for (int j = 0; j < kQuads / kPrepThreads; ++j) {
+      const int i = tid + kPrepThreads * j;
+      x[j] = i < real ? q[i] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int j = 0; j < kQuads / kPrepThreads; ++j) {
+      q16[tid + kPrepThreads * j] =
+          make_uint2(F32ToBf16(x[j].x) | (static_cast<uint32_t>(F32ToBf16(x[j].y)) << 16),
+                     F32ToBf16(x[j].z) | (static_cast<uint32_t>(F32ToBf16(x[j].w)) << 16));
+    }
+    return;
+  }
+  if (g == 0 && p.padded_heads != p.heads) {
     for (int h = tid; h < p.padded_heads; h += kPrepThreads) p.sink_p[h] = h < p.heads ? p.sink[h] : -INFINITY;
   }
-  // q rounded to bf16, four dims per 8-byte store.
-  constexpr int kQuads = kPrepHeads * sm::kKvDim / 4;
-  uint2* q16 = reinterpret_cast<uint2*>(p.q16 + (g * p.padded_heads + h0) * sm::kKvDim);
-  const float4* q = reinterpret_cast<const float4*>(p.q + (t * p.heads + h0) * sm::kKvDim);
-  const int real = pos < 0 ? 0 : min(kPrepHeads, p.heads - h0) * (sm::kKvDim / 4);
-#pragma unroll
-  for (int j = 0; j < kQuads / kPrepThreads; ++j) {
-    const int i = tid + kPrepThreads * j;
-    uint2 v = make_uint2(0u, 0u);
-    if (i < real) {
-      const float4 x = q[i];
-      v.x = F32ToBf16(x.x) | (static_cast<uint32_t>(F32ToBf16(x.y)) << 16);
-      v.y = F32ToBf16(x.z) | (static_cast<uint32_t>(F32ToBf16(x.w)) << 16);
-    }
-    q16[i] = v;
-  }
-  if (blockIdx.y != 0) return;
 
   int32_t nw = 0, nc = 0, lo = 0, p0 = 0;
   int64_t b = 0, first = 0;
@@ -172,7 +180,7 @@ __global__ void __launch_bounds__(kPrepThreads) AttentionPrepKernel(const PrepPa
   }
 }
 
-// out[t, h, :] = out16[g, h, :] for the real heads; grid (G, ceil(H / 16)), eight dims per thread and step.
+// out[t, h, :] = out16[g, h, :] for the real heads; grid (G, ceil(H / kPrepHeads)), eight dims per thread.
 __global__ void __launch_bounds__(kPrepThreads)
     AttentionOutKernel(const uint16_t* out16, float* out, int heads, int padded_heads, int64_t t0) {
   const int64_t g = blockIdx.x;
@@ -229,8 +237,8 @@ absl::Status LaunchFp8(const AttentionArgs& a, const CudaScratch& scratch, cudaS
   for (int64_t t0 = 0; t0 < a.step.t; t0 += group) {
     const int64_t g = std::min(group, a.step.t - t0);
     pp.t0 = t0;
-    AttentionPrepKernel<<<dim3(static_cast<unsigned>(g), static_cast<unsigned>(hp / kPrepHeads)), kPrepThreads, 0,
-                          stream>>>(pp);
+    AttentionPrepKernel<<<dim3(static_cast<unsigned>(g), static_cast<unsigned>(hp / kPrepHeads + 1)), kPrepThreads,
+                          0, stream>>>(pp);
     DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Attention key lists"));
     sm::SparseMlaKvInput extra;
     if (a.compressed_ratio == 4 && a.ksel > 0) {
