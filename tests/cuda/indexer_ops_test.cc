@@ -176,8 +176,10 @@ double TimeIndexer(int64_t seqs, int64_t context, int64_t pool_factor, std::mt19
   TestStep step(specs, 0);
   const int64_t per_seq = (rows + page_rows - 1) / page_rows, pages = seqs * per_seq * pool_factor;
   DeviceArray<uint8_t> pool(static_cast<size_t>(pages * page_rows * dim * 4));
-  {  // one 8 MB random block copied over the pool (generating 1 GB on the host would dominate the test)
-    const std::vector<float> block = RandomNormal(rng, 2 << 20);
+  {  // one 8 MB random block copied over the pool (generating 1 GB on the host would dominate the test), its rows
+     // and q FP4-simulated as in production, so the tensor-core path is the one timed
+    std::vector<float> block = RandomNormal(rng, 2 << 20);
+    GetBackends().cpu.ops().HadamardFp4({.x = block.data(), .rows = (2 << 20) / dim, .dim = dim});
     for (size_t at = 0; at < pool.size(); at += block.size() * 4) {
       const size_t n = std::min(block.size() * 4, pool.size() - at);
       EXPECT_EQ(cudaMemcpy(pool.get() + at, block.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
@@ -186,7 +188,9 @@ double TimeIndexer(int64_t seqs, int64_t context, int64_t pool_factor, std::mt19
   std::vector<int32_t> table(seqs * per_seq);
   for (int64_t i = 0; i < seqs * per_seq; ++i) table[i] = static_cast<int32_t>(i * pool_factor % pages);
   const DeviceArray<int32_t> d_table(table);
-  const DeviceArray<float> q(RandomNormal(rng, seqs * heads * dim)), w(RandomNormal(rng, seqs * heads));
+  std::vector<float> host_q = RandomNormal(rng, seqs * heads * dim);
+  GetBackends().cpu.ops().HadamardFp4({.x = host_q.data(), .rows = seqs * heads, .dim = dim});
+  const DeviceArray<float> q(host_q), w(RandomNormal(rng, seqs * heads));
   DeviceArray<int32_t> selected(static_cast<size_t>(seqs * k)), count(static_cast<size_t>(seqs));
   DeviceArray<uint8_t> scratch(IndexerScratchBytes({.max_tokens = seqs, .max_context = 4 * max_rows}));
   const IndexerArgs a{.q = q.get(), .w = w.get(), .weight_scale = 1.f / 90.5f,
@@ -217,7 +221,8 @@ double TimeIndexer(int64_t seqs, int64_t context, int64_t pool_factor, std::mt19
 TEST(IndexerOps, TimeFollowsTheContext) {
   DSV4_REQUIRE_GPU();
   std::mt19937 rng(5);
-  std::printf("indexer, 64 heads x 128 dims, top-512, row bound 32768 (128K context), mean of 20 launches:\n");
+  std::printf("indexer, 64 heads x 128 dims, top-512, FP4-simulated q and rows, row bound 32768 (128K context), "
+              "mean of 20 launches:\n");
   for (int64_t seqs : {1, 32, 64}) {
     for (int64_t context : {8192, 32768, 131072}) {
       const double ms = TimeIndexer(seqs, context, 1, rng);
