@@ -5,9 +5,11 @@
 // FP8 pools (production): the keys of each token are listed on the device into scratch and the sparse-MLA
 // decode of kernels/sparse_mla runs with one "sequence" per token (q rounded to bf16, heads padded to 16, 32,
 // 64 or 128 with -inf sinks), its bf16 output widened to the op's fp32. Per group of up to kMaxGroup tokens:
-// AttentionPrepKernel (q -> bf16, key lists), the sparse-MLA launch (MMA or SIMT, as the plan says),
-// AttentionOutKernel. The plans (one per batch bucket and layer type) are made by MakeAttentionPlan at
-// Reserve time, so a launch only looks one up.
+// AttentionPrepKernel (q -> bf16 over (token, 16 heads) blocks, and the key lists: only the entries the kernel
+// reads, so the work follows the window and compressed rows that exist), the sparse-MLA launch (MMA or SIMT, as
+// the plan of the step's batch bucket says; the ratio-4 selection is read in place from the indexer's output),
+// AttentionOutKernel (bf16 -> fp32 over the same blocks). The plans (one per batch bucket and layer type) are made
+// by MakeAttentionPlan at Reserve time, so a launch only looks one up.
 //
 // kF32 pools (exact mode, or any other mix of formats): DirectAttentionKernel, one block per (token, head),
 // four warps each running an online softmax over every 4th key, lanes owning dims lane + 32 i; fp32 throughout.
@@ -38,6 +40,8 @@ namespace {
 
 constexpr int kMaxGroup = 256;      // tokens per sparse-MLA launch (bounds the scratch)
 constexpr int kPrepThreads = 256;
+constexpr int kPrepHeads = 4;        // heads per prep / output block (a divisor of every padded head count):
+                                     // one or two 16-byte loads per thread, so a small step is one round trip
 constexpr int kDirectWarps = 4;
 constexpr int kMaxDimsPerLane = 16;  // DirectAttentionKernel: dim <= 512
 
@@ -111,27 +115,42 @@ __device__ __forceinline__ int64_t WindowRow(const StepIndex& s, const KvCacheVi
                                              int32_t staging_row0, int window, int64_t b, int64_t first,
                                              int32_t p0, int32_t q_pos) {
   if (q_pos >= p0) return staging_row0 + first + (q_pos - p0);
-  return attn::PhysicalRow(tab, b, q_pos % window, pool.page_rows);
+  // 32-bit division: positions, window slots and page rows are all below 2^31.
+  const int32_t slot = q_pos % window, page = tab.pages[b * tab.stride + slot / pool.page_rows];
+  return page < 0 ? -1 : int64_t{page} * pool.page_rows + slot % pool.page_rows;
 }
 
+// Grid (G, Hp / kPrepHeads + 1): block (g, y < Hp / kPrepHeads) rounds kPrepHeads heads of token t0 + g to bf16
+// (zeros for padded heads and padding tokens); block (g, Hp / kPrepHeads), in parallel with them, lists the token's
+// keys -- only the entries the sparse-MLA kernel reads (it stops at win_len / comp_len) -- and block (0, last) the
+// padded sinks.
 __global__ void __launch_bounds__(kPrepThreads) AttentionPrepKernel(const PrepParams p) {
   const int64_t g = blockIdx.x, t = p.t0 + g;
-  const int tid = threadIdx.x;
+  const int tid = threadIdx.x, h0 = kPrepHeads * blockIdx.y;
   const int32_t pos = p.step.pos[t];
-  if (g == 0) {
-    for (int h = tid; h < p.padded_heads; h += kPrepThreads) p.sink_p[h] = h < p.heads ? p.sink[h] : -INFINITY;
-  }
-  // q rounded to bf16, two dims per 32-bit store.
-  const int64_t pairs = int64_t{p.padded_heads} * sm::kKvDim / 2;
-  uint32_t* q16 = reinterpret_cast<uint32_t*>(p.q16 + g * p.padded_heads * sm::kKvDim);
-  const float* q = p.q + t * p.heads * sm::kKvDim;
-  for (int64_t i = tid; i < pairs; i += kPrepThreads) {
-    const int64_t h = 2 * i / sm::kKvDim;
-    uint32_t v = 0;
-    if (pos >= 0 && h < p.heads) {
-      v = F32ToBf16(q[2 * i]) | (static_cast<uint32_t>(F32ToBf16(q[2 * i + 1])) << 16);
+  if (h0 < p.padded_heads) {
+    // q rounded to bf16, four dims per 8-byte store.
+    constexpr int kQuads = kPrepHeads * sm::kKvDim / 4;
+    static_assert(kQuads % kPrepThreads == 0);
+    uint2* q16 = reinterpret_cast<uint2*>(p.q16 + (g * p.padded_heads + h0) * sm::kKvDim);
+    const float4* q = reinterpret_cast<const float4*>(p.q + (t * p.heads + h0) * sm::kKvDim);
+    const int real = pos < 0 ? 0 : min(kPrepHeads, p.heads - h0) * (sm::kKvDim / 4);
+    float4 x[kQuads / kPrepThreads];
+#pragma unroll
+    for (int j = 0; j < kQuads / kPrepThreads; ++j) {
+      const int i = tid + kPrepThreads * j;
+      x[j] = i < real ? q[i] : make_float4(0.f, 0.f, 0.f, 0.f);
     }
-    q16[i] = v;
+#pragma unroll
+    for (int j = 0; j < kQuads / kPrepThreads; ++j) {
+      q16[tid + kPrepThreads * j] =
+          make_uint2(F32ToBf16(x[j].x) | (static_cast<uint32_t>(F32ToBf16(x[j].y)) << 16),
+                     F32ToBf16(x[j].z) | (static_cast<uint32_t>(F32ToBf16(x[j].w)) << 16));
+    }
+    return;
+  }
+  if (g == 0 && p.padded_heads != p.heads) {
+    for (int h = tid; h < p.padded_heads; h += kPrepThreads) p.sink_p[h] = h < p.heads ? p.sink[h] : -INFINITY;
   }
 
   int32_t nw = 0, nc = 0, lo = 0, p0 = 0;
@@ -145,16 +164,14 @@ __global__ void __launch_bounds__(kPrepThreads) AttentionPrepKernel(const PrepPa
     if (p.ratio == 128) nc = static_cast<int32_t>(min(static_cast<int64_t>((pos + 1) / 128), p.comp_cols));
     if (p.ratio == 4) nc = static_cast<int32_t>(min(static_cast<int64_t>(max(p.selected_count[t], 0)), p.ksel));
   }
-  for (int i = tid; i < p.window_size; i += kPrepThreads) {
-    p.win_idx[g * p.window_size + i] =
-        i < nw ? static_cast<int32_t>(WindowRow(p.step, p.window, p.window_tables, p.staging_row0, p.window_size,
-                                                b, first, p0, lo + i))
-               : -1;
+  for (int i = tid; i < nw; i += kPrepThreads) {
+    p.win_idx[g * p.window_size + i] = static_cast<int32_t>(
+        WindowRow(p.step, p.window, p.window_tables, p.staging_row0, p.window_size, b, first, p0, lo + i));
   }
   if (p.ratio == 128) {
-    for (int64_t i = tid; i < p.comp_cols; i += kPrepThreads) {
+    for (int i = tid; i < nc; i += kPrepThreads) {
       p.comp_idx[g * p.comp_cols + i] =
-          i < nc ? static_cast<int32_t>(attn::PhysicalRow(p.compressed_tables, b, i, p.page_rows_c)) : -1;
+          static_cast<int32_t>(attn::PhysicalRow(p.compressed_tables, b, i, p.page_rows_c));
     }
   }
   if (tid == 0) {
@@ -163,13 +180,21 @@ __global__ void __launch_bounds__(kPrepThreads) AttentionPrepKernel(const PrepPa
   }
 }
 
-// out[t, h, :] = out16[g, h, :] for the real heads.
+// out[t, h, :] = out16[g, h, :] for the real heads; grid (G, ceil(H / kPrepHeads)), eight dims per thread.
 __global__ void __launch_bounds__(kPrepThreads)
     AttentionOutKernel(const uint16_t* out16, float* out, int heads, int padded_heads, int64_t t0) {
   const int64_t g = blockIdx.x;
-  const uint16_t* src = out16 + g * padded_heads * sm::kKvDim;
-  float* dst = out + (t0 + g) * heads * sm::kKvDim;
-  for (int64_t i = threadIdx.x; i < int64_t{heads} * sm::kKvDim; i += kPrepThreads) dst[i] = Bf16ToF32(src[i]);
+  const int h0 = kPrepHeads * blockIdx.y;
+  const uint4* src = reinterpret_cast<const uint4*>(out16 + (g * padded_heads + h0) * sm::kKvDim);
+  float4* dst = reinterpret_cast<float4*>(out + ((t0 + g) * heads + h0) * sm::kKvDim);
+  const int n = min(kPrepHeads, heads - h0) * (sm::kKvDim / 8);
+  for (int i = threadIdx.x; i < n; i += kPrepThreads) {
+    const uint4 v = src[i];
+    dst[2 * i] = make_float4(__uint_as_float(v.x << 16), __uint_as_float(v.x & 0xffff0000u),
+                             __uint_as_float(v.y << 16), __uint_as_float(v.y & 0xffff0000u));
+    dst[2 * i + 1] = make_float4(__uint_as_float(v.z << 16), __uint_as_float(v.z & 0xffff0000u),
+                                 __uint_as_float(v.w << 16), __uint_as_float(v.w & 0xffff0000u));
+  }
 }
 
 absl::Status LaunchFp8(const AttentionArgs& a, const CudaScratch& scratch, cudaStream_t stream) {
@@ -193,6 +218,9 @@ absl::Status LaunchFp8(const AttentionArgs& a, const CudaScratch& scratch, cudaS
     return absl::InvalidArgumentError(absl::StrCat("Attention: the step needs ", l.total, " bytes of scratch, ",
                                                    scratch.bytes, " reserved (AttentionScratchBytes sizes it)"));
   }
+  if (reinterpret_cast<uintptr_t>(a.q) % 16 != 0 || reinterpret_cast<uintptr_t>(a.out) % 16 != 0) {
+    return absl::InvalidArgumentError("Attention: q and out must be 16-byte aligned");
+  }
   uint8_t* base = static_cast<uint8_t*>(scratch.data);
   PrepParams pp{.q = a.q, .sink = a.sink, .step = a.step, .window = a.window, .window_tables = a.window_tables,
                 .staging_row0 = a.staging_row0, .window_size = a.window_size, .ratio = a.compressed_ratio,
@@ -209,7 +237,8 @@ absl::Status LaunchFp8(const AttentionArgs& a, const CudaScratch& scratch, cudaS
   for (int64_t t0 = 0; t0 < a.step.t; t0 += group) {
     const int64_t g = std::min(group, a.step.t - t0);
     pp.t0 = t0;
-    AttentionPrepKernel<<<static_cast<unsigned>(g), kPrepThreads, 0, stream>>>(pp);
+    AttentionPrepKernel<<<dim3(static_cast<unsigned>(g), static_cast<unsigned>(hp / kPrepHeads + 1)), kPrepThreads,
+                          0, stream>>>(pp);
     DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Attention key lists"));
     sm::SparseMlaKvInput extra;
     if (a.compressed_ratio == 4 && a.ksel > 0) {
@@ -230,8 +259,9 @@ absl::Status LaunchFp8(const AttentionArgs& a, const CudaScratch& scratch, cudaS
         .out = reinterpret_cast<uint16_t*>(base + l.out16), .lse = reinterpret_cast<float*>(base + l.lse),
         .workspace = base + l.workspace, .workspace_bytes = bucket->workspace_bytes};
     DSV4_RETURN_IF_ERROR(sm::LaunchSparseMlaDecode(mp, *bucket, stream));
-    AttentionOutKernel<<<static_cast<unsigned>(g), kPrepThreads, 0, stream>>>(mp.out, a.out, static_cast<int>(a.heads),
-                                                                             hp, t0);
+    const unsigned head_blocks = static_cast<unsigned>((a.heads + kPrepHeads - 1) / kPrepHeads);
+    AttentionOutKernel<<<dim3(static_cast<unsigned>(g), head_blocks), kPrepThreads, 0, stream>>>(
+        mp.out, a.out, static_cast<int>(a.heads), hp, t0);
     DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Attention output"));
   }
   return absl::OkStatus();

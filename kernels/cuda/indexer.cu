@@ -2,10 +2,17 @@
 // visible indexer rows and the top-k of them, written as physical compressed-pool ids in ascending row order.
 //
 // Two kernels per group of up to kMaxGroup tokens (the group bounds the score scratch):
-//  - IndexerScoreKernel, grid (blocks per token, G): each block keeps the token's q [IH, ID] in shared memory
-//    and strides over 64-row tiles of the visible rows n < (p + 1) / 4 only (rows past them are never read,
-//    so the work follows the context, not the pool or max_rows). Thread (r, h) accumulates 8 rows x 4 heads
-//    in registers; scores go to scratch [G, max_rows]. Tokens that keep all their rows (n <= k) skip it.
+//  - the scores, grid (blocks per token, G): each block strides over 64-row tiles of the visible rows
+//    n < (p + 1) / 4 only (rows past them are never read, so the work follows the context, not the pool or
+//    max_rows), and writes scores to scratch [G, max_rows]. Tokens that keep all their rows (n <= k) skip it.
+//    At the model's shape (IH = 64, ID = 128) IndexerScoreMmaKernel: q . K on tensor cores (bf16 mma.sync,
+//    fp32 accumulation), one warp per 16 heads, then relu, the weights and the head sum in the reference's
+//    order (h = 0, 1, ...; a multiply then an add, as the CPU op does), so the scores are bit-identical to the
+//    CPU's wherever the dot products are exact in both. In production q and the rows are FP4-simulated
+//    (e2m1 x power-of-two scale): exactly bf16, every product exact in fp32, and their sums exact. Values that
+//    are not exactly bf16 (exact mode, arbitrary inputs) are seen from the fp32 bits a warp loads anyway (low
+//    16 bits non-zero); that warp then scores its tile in fp32 on CUDA cores instead, so no input is ever
+//    rounded. Other shapes: IndexerScoreKernel (fp32 on CUDA cores; thread (r, h) accumulates 8 rows x 4 heads).
 //  - IndexerTopkKernel, one block per token: a 4-pass radix select (8 bits per pass, warp-aggregated shared
 //    histograms) finds the k-th largest score key and how many rows equal to it are kept, then one ordered
 //    pass with a block scan writes the kept rows in ascending order: every row above the threshold, and the
@@ -46,6 +53,7 @@ struct IndexerParams {
   int heads = 0, dim = 0, k = 0;     // IH, ID, Ksel
   int64_t max_rows = 0;              // visible rows are clamped to it (the scratch row length)
   float* scores = nullptr;           // scratch [G, max_rows]
+  int64_t topk_keys = 0;             // top-k: tokens with at most this many rows stage their keys in shared memory
   int64_t t0 = 0;                    // first token of the group
 };
 
@@ -155,6 +163,157 @@ __global__ void __launch_bounds__(kScoreThreads) IndexerScoreKernel(const Indexe
   }
 }
 
+// ---- tensor-core scores at IH = 64, ID = 128 ----
+
+constexpr int kMmaHeads = 64, kMmaDim = 128;
+constexpr int kMmaThreads = 128;              // 4 warps x 16 heads
+constexpr int kMmaLd = kMmaDim + 8;           // fp32 K tile row stride (= 8 mod 32 banks): the float2 fragment
+                                              // reads of a half-warp (rows g < 4, columns 2 t4) hit 16 bank pairs
+constexpr int kPartLd = kTileRows + 8;        // relu(q . k) [head][row]
+constexpr int kLoadsPerThread = kTileRows * kMmaDim / 4 / kMmaThreads;  // float4s of a tile per thread
+
+int ScoreMmaSmemBytes() { return 4 * (kTileRows * kMmaLd + kMmaHeads * kPartLd + kMmaHeads) + 2 * kTileRows * 8; }
+
+// 16 bytes global -> shared without registers (sm_80+); zeros when !valid (src is then not read).
+__device__ __forceinline__ void CpAsync16(float* dst, const float* src, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+#endif
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+// Two fp32 values that are exactly bf16 (low 16 bits zero) as a bf16x2 word, the first in the low half.
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632);
+}
+__device__ __forceinline__ uint32_t LowBits(float2 v) { return __float_as_uint(v.x) | __float_as_uint(v.y); }
+
+__device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// The reference's relu (std::max(0.f, x): +0 for x <= 0 and NaN).
+__device__ __forceinline__ float Relu(float x) { return x > 0.f ? x : 0.f; }
+
+__global__ void __launch_bounds__(kMmaThreads, 4) IndexerScoreMmaKernel(const IndexerParams p) {
+  extern __shared__ float4 smem4[];
+  float* ks = reinterpret_cast<float*>(smem4);  // [64 rows][kMmaLd]
+  float* part = ks + kTileRows * kMmaLd;        // [64 heads][kPartLd]
+  float* ws = part + kMmaHeads * kPartLd;       // [64] w * weight_scale
+  const float** rows_s = reinterpret_cast<const float**>(ws + kMmaHeads);  // [2][64] row pointers, two tiles
+  const int64_t g = blockIdx.y, t = p.t0 + g;
+  const int64_t n = VisibleRows(p, t);
+  if (n <= p.k) return;  // padding, or every row is kept: no scores needed
+  const int64_t tiles = (n + kTileRows - 1) / kTileRows;
+  if (blockIdx.x >= tiles) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gq = lane >> 2, t4 = lane & 3;
+  const int64_t b = p.step.seq[t];
+  const int page_rows = p.cache.page_rows;
+
+  // This warp's 16 heads of q as mma A fragments (rows = heads, columns = dims), for the whole kernel.
+  const float* q = p.q + t * kMmaHeads * kMmaDim;
+  const float* q0 = q + (16 * warp + gq) * kMmaDim + 2 * t4;
+  const float* q8 = q0 + 8 * kMmaDim;
+  uint32_t qa[kMmaDim / 16][4];
+  uint32_t bad = 0;
+#pragma unroll
+  for (int s = 0; s < kMmaDim / 16; ++s) {
+    const float2 x0 = *reinterpret_cast<const float2*>(q0 + 16 * s), x1 = *reinterpret_cast<const float2*>(q8 + 16 * s);
+    const float2 x2 = *reinterpret_cast<const float2*>(q0 + 16 * s + 8),
+                 x3 = *reinterpret_cast<const float2*>(q8 + 16 * s + 8);
+    bad |= LowBits(x0) | LowBits(x1) | LowBits(x2) | LowBits(x3);
+    qa[s][0] = PackBf16(x0.x, x0.y);
+    qa[s][1] = PackBf16(x1.x, x1.y);
+    qa[s][2] = PackBf16(x2.x, x2.y);
+    qa[s][3] = PackBf16(x3.x, x3.y);
+  }
+  if (tid < kMmaHeads) ws[tid] = __fmul_rn(p.w[t * kMmaHeads + tid], p.weight_scale);
+  const bool q_exact = !__syncthreads_or((bad & 0xffffu) != 0);
+
+  float* out = p.scores + g * p.max_rows;
+  // Row pointer of visible row `row` (null past n or for a missing page).
+  const auto row_ptr = [&](int64_t row) -> const float* {
+    if (row >= n) return nullptr;
+    const int32_t page = p.index_tables.pages[b * p.index_tables.stride + static_cast<int32_t>(row) / page_rows];
+    if (page < 0) return nullptr;
+    return reinterpret_cast<const float*>(p.cache.base + page * p.cache.page_bytes) +
+           (static_cast<int32_t>(row) % page_rows) * kMmaDim;
+  };
+  if (tid < kTileRows) rows_s[tid] = row_ptr(blockIdx.x * int64_t{kTileRows} + tid);
+  for (int64_t tile = blockIdx.x, it = 0; tile < tiles; tile += gridDim.x, ++it) {
+    const int64_t row0 = tile * kTileRows;
+    const float** rows = rows_s + (it & 1) * kTileRows;
+    __syncthreads();  // ks and part free again (the previous tile's head sums are done); `rows` written
+    // The tile by 16-byte cp.async copies: a warp copies whole 512-byte rows (coalesced; conflict-free shared
+    // stores), zeros for null rows; then the next tile's row pointers (their table reads overlap the copies).
+#pragma unroll
+    for (int j = 0; j < kLoadsPerThread; ++j) {
+      const int i = tid + kMmaThreads * j, r = i / (kMmaDim / 4), c = i % (kMmaDim / 4);
+      const float* src = rows[r];
+      CpAsync16(ks + r * kMmaLd + 4 * c, src != nullptr ? src + 4 * c : p.q, src != nullptr);
+    }
+    if (tid < kTileRows) rows_s[((it + 1) & 1) * kTileRows + tid] = row_ptr(row0 + gridDim.x * kTileRows + tid);
+    CpAsyncWaitAll();
+    __syncthreads();
+
+    // acc[nt] = q[16 heads] . K[rows 8 nt .. 8 nt + 7]^T; the rows' fp32 bits say whether they are exactly bf16.
+    float acc[kTileRows / 8][4];
+    uint32_t kbad = 0;
+#pragma unroll
+    for (int nt = 0; nt < kTileRows / 8; ++nt) {
+      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+      const float* kr = ks + (8 * nt + gq) * kMmaLd + 2 * t4;
+#pragma unroll
+      for (int s = 0; s < kMmaDim / 16; ++s) {
+        const float2 y0 = *reinterpret_cast<const float2*>(kr + 16 * s),
+                     y1 = *reinterpret_cast<const float2*>(kr + 16 * s + 8);
+        kbad |= LowBits(y0) | LowBits(y1);
+        MmaBf16(acc[nt], qa[s], PackBf16(y0.x, y0.y), PackBf16(y1.x, y1.y));
+      }
+    }
+    const bool exact = q_exact && !__any_sync(attn::kFullMask, (kbad & 0xffffu) != 0);
+    if (exact) {
+      float* p0 = part + (16 * warp + gq) * kPartLd + 2 * t4;
+      float* p8 = p0 + 8 * kPartLd;
+#pragma unroll
+      for (int nt = 0; nt < kTileRows / 8; ++nt) {
+        *reinterpret_cast<float2*>(p0 + 8 * nt) = make_float2(Relu(acc[nt][0]), Relu(acc[nt][1]));
+        *reinterpret_cast<float2*>(p8 + 8 * nt) = make_float2(Relu(acc[nt][2]), Relu(acc[nt][3]));
+      }
+    } else {  // not exactly bf16: this warp's 16 heads in fp32 (lane: rows lane and lane + 32)
+#pragma unroll 1
+      for (int i = 0; i < 32; ++i) {
+        const int h = 16 * warp + i / 2, r = lane + 32 * (i % 2);
+        const float4* qh = reinterpret_cast<const float4*>(q + h * kMmaDim);
+        const float4* kr = reinterpret_cast<const float4*>(ks + r * kMmaLd);
+        float dot = 0.f;
+#pragma unroll 4
+        for (int c = 0; c < kMmaDim / 4; ++c) Fma4(dot, kr[c], __ldg(qh + c));
+        part[h * kPartLd + r] = Relu(dot);
+      }
+    }
+    __syncthreads();
+    // sum_h (w_h * weight_scale) * relu(q_h . k): h ascending, a rounded multiply then a rounded add, as the CPU.
+    if (tid < kTileRows && row0 + tid < n) {
+      float s = 0.f;
+#pragma unroll 16
+      for (int h = 0; h < kMmaHeads; ++h) s = __fadd_rn(s, __fmul_rn(ws[h], part[h * kPartLd + tid]));
+      out[row0 + tid] = s;
+    }
+  }
+}
+
 __device__ __forceinline__ int32_t TargetRow(const IndexerParams& p, int64_t b, int64_t row) {
   return static_cast<int32_t>(attn::PhysicalRow(p.target_tables, b, row, p.cache.page_rows));
 }
@@ -164,6 +323,7 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
   __shared__ uint32_t found_bin, found_need;
+  extern __shared__ uint32_t keys_s[];  // [topk_keys] order keys of the scores
   const int64_t g = blockIdx.x, t = p.t0 + g;
   const int tid = threadIdx.x, lane = tid & 31;
   int32_t* out = p.selected + t * p.k;
@@ -175,6 +335,21 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
     return;
   }
   const float* score = p.scores + g * p.max_rows;
+  // The keys once into shared memory (four independent loads in flight per thread), so the five passes below
+  // read shared memory instead of waiting on L2 once per 512 rows each.
+  const bool staged = n <= p.topk_keys;
+  if (staged) {
+    for (int64_t i0 = tid; i0 < n; i0 += 4 * kTopkThreads) {
+      float v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = i0 + u * kTopkThreads < n ? score[i0 + u * kTopkThreads] : 0.f;
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        if (i0 + u * kTopkThreads < n) keys_s[i0 + u * kTopkThreads] = ScoreKey(v[u]);
+      }
+    }
+  }
+  const auto key_of = [&](int64_t i) { return staged ? keys_s[i] : ScoreKey(score[i]); };
 
   // Radix select of the k-th largest key, 8 bits at a time from the top.
   uint32_t prefix = 0, mask = 0, need = static_cast<uint32_t>(p.k);
@@ -185,7 +360,7 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
       const int64_t i = base + tid;
       uint32_t bin = 256;  // none
       if (i < n) {
-        const uint32_t key = ScoreKey(score[i]);
+        const uint32_t key = key_of(i);
         if ((key & mask) == prefix) bin = (key >> shift) & 255u;
       }
       const unsigned peers = __match_any_sync(attn::kFullMask, bin);
@@ -228,7 +403,7 @@ __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerP
     const int64_t i = base + tid;
     uint32_t gt = 0, eq = 0;
     if (i < n) {
-      const uint32_t key = ScoreKey(score[i]);
+      const uint32_t key = key_of(i);
       gt = key > prefix;
       eq = key == prefix;
     }
@@ -284,7 +459,8 @@ absl::Status LaunchIndexer(const IndexerArgs& a, const CudaScratch& scratch, cud
     return absl::InvalidArgumentError(absl::StrCat("Indexer: scratch of ", scratch.bytes, " bytes holds no row of ",
                                                    row_floats, " scores (IndexerScratchBytes sizes it)"));
   }
-  const int smem = ScoreSmemBytes(static_cast<int>(a.heads), static_cast<int>(a.dim));
+  const bool mma = a.heads == kMmaHeads && a.dim == kMmaDim;
+  const int smem = mma ? ScoreMmaSmemBytes() : ScoreSmemBytes(static_cast<int>(a.heads), static_cast<int>(a.dim));
   int device = 0, smem_optin = 0;
   DSV4_CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
   DSV4_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
@@ -294,24 +470,39 @@ absl::Status LaunchIndexer(const IndexerArgs& a, const CudaScratch& scratch, cud
                                                    " bytes of shared memory; this GPU allows ", smem_optin));
   }
   if (smem > 48 * 1024) {
-    DSV4_CUDA_RETURN_IF_ERROR(
-        cudaFuncSetAttribute(IndexerScoreKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    DSV4_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mma ? IndexerScoreMmaKernel : IndexerScoreKernel,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  // Enough blocks per token to fill the GPU about 4 times over at this group size; each strides over tiles.
+  // One wave: as many blocks per token as fit on the GPU at once for this group (a second, partial wave of
+  // blocks that each stride over many tiles would double the time); each block strides over tiles.
+  int resident = 0;
+  DSV4_CUDA_RETURN_IF_ERROR(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &resident, mma ? IndexerScoreMmaKernel : IndexerScoreKernel, mma ? kMmaThreads : kScoreThreads, smem));
   const int64_t tiles = std::max<int64_t>(1, (a.max_rows + kTileRows - 1) / kTileRows);
-  const int64_t per_token = std::clamp<int64_t>((4 * int64_t{sms} + group - 1) / group, 1, tiles);
+  const int64_t per_token = std::clamp<int64_t>(std::max(resident, 1) * int64_t{sms} / group, 1, tiles);
+  // Top-k keys staged in shared memory up to the opt-in limit (less the kernel's static shared memory).
+  const int64_t topk_keys = std::min<int64_t>(row_floats, (smem_optin - 8192) / 4);
+  const int topk_smem = static_cast<int>(std::max<int64_t>(topk_keys, 0) * 4);
+  if (topk_smem > 48 * 1024) {
+    DSV4_CUDA_RETURN_IF_ERROR(
+        cudaFuncSetAttribute(IndexerTopkKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, topk_smem));
+  }
   IndexerParams p{.q = a.q, .w = a.w, .weight_scale = a.weight_scale, .cache = a.cache,
                   .index_tables = a.index_tables, .target_tables = a.target_tables, .step = a.step,
                   .selected = a.selected, .selected_count = a.selected_count, .heads = static_cast<int>(a.heads),
                   .dim = static_cast<int>(a.dim), .k = static_cast<int>(a.k), .max_rows = a.max_rows,
-                  .scores = static_cast<float*>(scratch.data)};
+                  .scores = static_cast<float*>(scratch.data), .topk_keys = topk_keys};
   for (int64_t t0 = 0; t0 < a.step.t; t0 += group) {
     const int64_t g = std::min(group, a.step.t - t0);
     p.t0 = t0;
-    IndexerScoreKernel<<<dim3(static_cast<unsigned>(per_token), static_cast<unsigned>(g)), kScoreThreads, smem,
-                         stream>>>(p);
+    const dim3 grid(static_cast<unsigned>(per_token), static_cast<unsigned>(g));
+    if (mma) {
+      IndexerScoreMmaKernel<<<grid, kMmaThreads, smem, stream>>>(p);
+    } else {
+      IndexerScoreKernel<<<grid, kScoreThreads, smem, stream>>>(p);
+    }
     DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Indexer scores"));
-    IndexerTopkKernel<<<static_cast<unsigned>(g), kTopkThreads, 0, stream>>>(p);
+    IndexerTopkKernel<<<static_cast<unsigned>(g), kTopkThreads, topk_smem, stream>>>(p);
     DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Indexer top-k"));
   }
   return absl::OkStatus();

@@ -304,6 +304,8 @@ TEST(AttentionOps, AttentionMatchesCpu) {
            {"flash ratio 4 exact", 64, 4, f32, mma, 512},
            {"flash ratio 128 exact", 64, 128, f32, mma, 0},
            {"tiny ratio 4 (heads padded to 16)", 8, 4, fp8, mma, 16},
+           {"TP 4 rank ratio 4", 16, 4, fp8, mma, 512},
+           {"20 heads ratio 128 (padded to 32)", 20, 128, fp8, mma, 0},
            {"tiny ratio 128 exact", 8, 128, f32, mma, 0},
        }) {
     RunAttention(c);

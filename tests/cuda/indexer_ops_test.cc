@@ -3,7 +3,8 @@
 // top-16), with contexts below / at / above top-k, no rows yet, padding tokens and exact ties at the k-th place
 // (zero rows score exactly 0: the lowest rows win). The kept set may differ from the CPU's only by rows whose
 // scores tie the k-th score within rounding (the GPU sums in another order); every such swap is checked and
-// counted. Also times the indexer at B = 1 / 32 / 64 and 8K / 32K / 128K contexts (printed, not asserted).
+// counted; with FP4-simulated q and rows (production mode, the tensor-core path) the selections must be
+// identical. Also times the indexer at B = 1 / 32 / 64 and 8K / 32K / 128K contexts (printed, not asserted).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -29,6 +30,9 @@ struct IndexerCase {
   std::vector<SeqSpec> seqs;
   int padding;
   double zero_rows;  // fraction of pool rows that are zero (their scores tie at exactly 0)
+  // Production mode: q and the rows put through the Hadamard + FP4 simulation (the CPU op), so they are exactly
+  // bf16 and the tensor-core scores must equal the CPU's bit for bit: every selection identical, no swap.
+  bool fp4 = false;
 };
 
 // Score of row `row` for token t in double (to judge how close a swapped row is to the k-th score).
@@ -57,12 +61,15 @@ void RunIndexer(const IndexerCase& c) {
     for (int64_t r = 0; r < pool.rows(); ++r) {
       if (zero(rng)) std::fill_n(&rows[r * c.dim], c.dim, 0.f);
     }
+    if (c.fp4) GetBackends().cpu.ops().HadamardFp4({.x = rows.data(), .rows = pool.rows(), .dim = c.dim});
     std::memcpy(pool.host.data(), rows.data(), rows.size() * 4);
     pool.Upload();
   }
   // The compressed pool's ids come from other pages than the indexer pool's (same page size, as in the model).
   TestTables index_tables(step.b(), per_seq, 0, rng), target_tables(step.b(), per_seq, 100000, rng);
-  const std::vector<float> q = RandomNormal(rng, step.t() * c.heads * c.dim), w = RandomNormal(rng, step.t() * c.heads);
+  std::vector<float> q = RandomNormal(rng, step.t() * c.heads * c.dim);
+  const std::vector<float> w = RandomNormal(rng, step.t() * c.heads);
+  if (c.fp4) GetBackends().cpu.ops().HadamardFp4({.x = q.data(), .rows = step.t() * c.heads, .dim = c.dim});
   const DeviceArray<float> d_q(q), d_w(w);
   std::vector<int32_t> want(step.t() * c.k, 7), want_count(step.t(), 7);
   DeviceArray<int32_t> d_selected(want), d_count(want_count);
@@ -141,6 +148,9 @@ void RunIndexer(const IndexerCase& c) {
               "(largest score gap %.2e of the top score)\n",
               static_cast<long long>(step.t()), static_cast<long long>(scored), static_cast<long long>(identical),
               static_cast<long long>(swaps), worst_gap);
+  if (c.fp4) {
+    EXPECT_EQ(identical, step.t()) << "FP4-simulated inputs: the scores must be the CPU's exactly";
+  }
 }
 
 TEST(IndexerOps, MatchesCpu) {
@@ -150,6 +160,11 @@ TEST(IndexerOps, MatchesCpu) {
   RunIndexer({"flash", 64, 128, 512, {{8191, 1, 0}, {131071, 1, 1}, {2044, 8, 2}, {0, 3, 3}}, 1, 0.0});
   RunIndexer({"flash, 85% zero rows", 64, 128, 512, {{8191, 2, 0}, {4000, 1, 1}}, 0, 0.85});
   RunIndexer({"tiny", 8, 128, 16, {{99, 1, 0}, {0, 70, 1}}, 2, 0.3});
+  // Production mode at the flash shape: the tensor-core path, selections identical to the CPU's (ties at the
+  // k-th place included: FP4 rows repeat scores often, and zero rows tie at 0).
+  RunIndexer({"flash, FP4-simulated", 64, 128, 512, {{8191, 1, 0}, {131071, 1, 1}, {2044, 8, 2}, {0, 3, 3}}, 1, 0.0,
+              true});
+  RunIndexer({"flash, FP4-simulated, 85% zero rows", 64, 128, 512, {{8191, 2, 0}, {32767, 1, 1}}, 0, 0.85, true});
 }
 
 // Mean milliseconds of one LaunchIndexer for `seqs` decode tokens at `context`, with the planned row bound at
@@ -161,8 +176,10 @@ double TimeIndexer(int64_t seqs, int64_t context, int64_t pool_factor, std::mt19
   TestStep step(specs, 0);
   const int64_t per_seq = (rows + page_rows - 1) / page_rows, pages = seqs * per_seq * pool_factor;
   DeviceArray<uint8_t> pool(static_cast<size_t>(pages * page_rows * dim * 4));
-  {  // one 8 MB random block copied over the pool (generating 1 GB on the host would dominate the test)
-    const std::vector<float> block = RandomNormal(rng, 2 << 20);
+  {  // one 8 MB random block copied over the pool (generating 1 GB on the host would dominate the test), its rows
+     // and q FP4-simulated as in production, so the tensor-core path is the one timed
+    std::vector<float> block = RandomNormal(rng, 2 << 20);
+    GetBackends().cpu.ops().HadamardFp4({.x = block.data(), .rows = (2 << 20) / dim, .dim = dim});
     for (size_t at = 0; at < pool.size(); at += block.size() * 4) {
       const size_t n = std::min(block.size() * 4, pool.size() - at);
       EXPECT_EQ(cudaMemcpy(pool.get() + at, block.data(), n, cudaMemcpyHostToDevice), cudaSuccess);
@@ -171,7 +188,9 @@ double TimeIndexer(int64_t seqs, int64_t context, int64_t pool_factor, std::mt19
   std::vector<int32_t> table(seqs * per_seq);
   for (int64_t i = 0; i < seqs * per_seq; ++i) table[i] = static_cast<int32_t>(i * pool_factor % pages);
   const DeviceArray<int32_t> d_table(table);
-  const DeviceArray<float> q(RandomNormal(rng, seqs * heads * dim)), w(RandomNormal(rng, seqs * heads));
+  std::vector<float> host_q = RandomNormal(rng, seqs * heads * dim);
+  GetBackends().cpu.ops().HadamardFp4({.x = host_q.data(), .rows = seqs * heads, .dim = dim});
+  const DeviceArray<float> q(host_q), w(RandomNormal(rng, seqs * heads));
   DeviceArray<int32_t> selected(static_cast<size_t>(seqs * k)), count(static_cast<size_t>(seqs));
   DeviceArray<uint8_t> scratch(IndexerScratchBytes({.max_tokens = seqs, .max_context = 4 * max_rows}));
   const IndexerArgs a{.q = q.get(), .w = w.get(), .weight_scale = 1.f / 90.5f,
@@ -202,7 +221,8 @@ double TimeIndexer(int64_t seqs, int64_t context, int64_t pool_factor, std::mt19
 TEST(IndexerOps, TimeFollowsTheContext) {
   DSV4_REQUIRE_GPU();
   std::mt19937 rng(5);
-  std::printf("indexer, 64 heads x 128 dims, top-512, row bound 32768 (128K context), mean of 20 launches:\n");
+  std::printf("indexer, 64 heads x 128 dims, top-512, FP4-simulated q and rows, row bound 32768 (128K context), "
+              "mean of 20 launches:\n");
   for (int64_t seqs : {1, 32, 64}) {
     for (int64_t context : {8192, 32768, 131072}) {
       const double ms = TimeIndexer(seqs, context, 1, rng);
