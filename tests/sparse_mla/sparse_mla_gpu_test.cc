@@ -17,6 +17,7 @@
 #include "common/float_formats.h"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
 #include "kernels/sparse_mla/sparse_mla_launch.h"
+#include "tests/gpu_check/gpu_check.h"
 #include "tests/sparse_mla/sparse_mla_test_util.h"
 
 namespace dsv4::kernels::sparse_mla {
@@ -27,26 +28,6 @@ using testing::ErrorReport;
 using testing::HostProblem;
 using testing::MakeProblem;
 using testing::ProblemSpec;
-
-bool HaveGpu(std::string* why) {
-  int n = 0;
-  const cudaError_t err = cudaGetDeviceCount(&n);
-  if (err != cudaSuccess) {
-    *why = std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorString(err) + ")";
-    return false;
-  }
-  if (n == 0) {
-    *why = "no CUDA device present";
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU()                  \
-  do {                                      \
-    std::string why;                        \
-    if (!HaveGpu(&why)) GTEST_SKIP() << why; \
-  } while (0)
 
 struct CudaFree {
   void operator()(void* p) const { cudaFree(p); }
@@ -168,7 +149,7 @@ bool WgmmaRuns() {
 }
 
 TEST_P(GpuSparseMla, MatchesReference) {
-  SKIP_WITHOUT_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   if ((GetParam().options.wgmma == 1 || GetParam().options.wgmma_ws == 1) && !WgmmaRuns()) {
     GTEST_SKIP() << "the wgmma kernel needs an sm_90a build (90a in CMAKE_CUDA_ARCHITECTURES) on an sm_90 GPU";
   }
@@ -354,7 +335,7 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
-  SKIP_WITHOUT_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   const ProblemSpec s{.batch = 4, .heads = 64, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 201};
   const HostProblem host = MakeProblem(s);
   DeviceProblem dev(host);
@@ -393,7 +374,7 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
 }
 
 TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
-  SKIP_WITHOUT_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   const ProblemSpec s{.batch = 4, .heads = 64, .topk_window = 16, .topk_extra = 16, .seed = 301};
   const HostProblem host = MakeProblem(s);
   DeviceProblem dev(host);
@@ -449,7 +430,7 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
 // tiles per split) is never longer than the next larger batch's, so no bucket is slower than a bigger one by
 // construction (compared from B = 10: up to B = 8 the plan uses smaller head groups).
 TEST(GpuSparseMlaPlan, SplitsFillTheGpuAtEveryBatch) {
-  SKIP_WITHOUT_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   int device = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
@@ -487,7 +468,7 @@ TEST(GpuSparseMlaPlan, SplitsFillTheGpuAtEveryBatch) {
 // for bit: all 256 e4m3 codes under all 256 ue8m0 scales (2^-127 .. 2^127: bf16 subnormal results, overflow
 // to inf, scale byte 255 and e4m3 codes 0x7f / 0xff = NaN).
 TEST(GpuSparseMlaDequant, AllCodesAllScalesBitExact) {
-  SKIP_WITHOUT_GPU();
+  DSV4_SKIP_WITHOUT_GPU();
   void* dev = nullptr;
   ASSERT_EQ(cudaMalloc(&dev, 65536 * sizeof(uint16_t)), cudaSuccess);
   DevicePtr guard(dev);
