@@ -67,6 +67,9 @@ ABSL_FLAG(int, sms, 132, "SMs assumed by --plans");
 ABSL_FLAG(std::string, json, "dsv4_gemm_bench.json", "JSON file of every result (empty: none)");
 ABSL_FLAG(std::string, tag, "", "free text recorded in the JSON file (e.g. the commit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the synthetic weights and inputs");
+ABSL_FLAG(std::string, once, "",
+          "for a profiler (ncu): launch each listed plan (auto, reg, tiled) once per shape and T, eagerly, with no "
+          "timing, reference or peers, printing one line per launch in order, and exit");
 
 namespace dsv4::bench {
 namespace {
@@ -504,9 +507,20 @@ void RunShape(Ctx& ctx, const Shape& sh) {
           if (s < 1 || s > 64) return;
           if (std::optional<LinearPlan> p =
                   kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms, m_tiles, s)) {
-            add_plan(what, *p);
+            if (split->stages > 0) p = kernels::cuda::WithWeightRing(*p, 0);
+            if (p) add_plan(what, *p);
           }
         };
+        if (split->stages > 0) {
+          // The same work split with the register ring (the previous kernel), and other ring depths.
+          LinearPlan reg = *split;
+          reg.stages = 0;
+          add_plan("reg", reg);
+          if (std::optional<LinearPlan> p = kernels::cuda::WithWeightRing(*split, 2)) add_plan("st2", *p);
+          if (std::optional<LinearPlan> p = kernels::cuda::WithWeightRing(*split, 2 * split->stages)) {
+            add_plan("st*2", *p);
+          }
+        }
         add(split->m_tiles == 1 ? "m2" : "m1", split->m_tiles == 1 ? 2 : 1, splits);
         add("s/2", split->m_tiles, splits / 2);
         add("s*2", split->m_tiles, splits * 2);
@@ -619,6 +633,42 @@ void RunShape(Ctx& ctx, const Shape& sh) {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_shape).count());
 }
 
+// --once: each plan kind of `kinds` once per T, in order (auto: AutoLinearPlan; reg: the split-K plan with the
+// register ring; tiled: the tiled kernel), so a profiler's launch list maps onto the printed lines.
+int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<int64_t>& tokens, int sms,
+            const std::vector<std::string>& kinds, uint64_t seed) {
+  const int64_t G = sh.groups, NT = sh.n * G, KT = sh.k * G;
+  const int64_t max_t = *std::max_element(tokens.begin(), tokens.end());
+  const HostLinear host = SynthLinear("bench." + sh.names[0], sh.format, NT, sh.k, seed);
+  absl::StatusOr<LinearHandle> w = cuda.PrepareLinear(host.view);
+  if (!w.ok()) return 1;
+  Buffer xg = Upload(cuda, RandomFloats(max_t * KT, seed + 1));
+  absl::StatusOr<Buffer> yg = cuda.Allocate(max_t * NT * 4, MemoryKind::kWorkspace);
+  if (!yg.ok()) return 1;
+  int failures = 0;
+  for (const int64_t t : tokens) {
+    for (const std::string& kind : kinds) {
+      LinearPlan plan = kernels::cuda::AutoLinearPlan(t, sh.n, sh.k, static_cast<int>(G), sms, KernelFormat(sh));
+      if (kind == "reg") {
+        std::optional<LinearPlan> p = kernels::cuda::PlanSplitKLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+        if (!p) continue;
+        plan = *p;
+      } else if (kind == "tiled") {
+        plan = kernels::cuda::PlanTiledLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+      }
+      const LinearArgs a{.w = w->get(), .x = {.data = xg.data(), .dtype = DType::kF32}, .y = yg->as<float>(),
+                         .t = t, .groups = static_cast<int>(G)};
+      const absl::Status st = kernels::cuda::LaunchLinearWithPlan(a, &plan, gpu.stream());
+      const absl::Status done = cuda.Synchronize();
+      std::printf("once: %s %s T=%lld %s: %s\n", sh.names[0].c_str(), ShapeName(sh).c_str(),
+                  static_cast<long long>(t), kernels::cuda::LinearPlanName(plan).c_str(),
+                  st.ok() && done.ok() ? "ok" : (st.ok() ? done : st).ToString().c_str());
+      if (!st.ok() || !done.ok()) ++failures;
+    }
+  }
+  return failures;
+}
+
 absl::StatusOr<Config> ReadConfig(const std::string& path) {
   if (path.empty()) return Config{};
   std::ifstream in(path);
@@ -667,6 +717,15 @@ int Main() {
   }
   Backend& cuda = **made;
   auto& gpu = static_cast<CudaBackend&>(cuda);
+  if (const std::string once = absl::GetFlag(FLAGS_once); !once.empty()) {
+    const std::vector<std::string> kinds = absl::StrSplit(once, ',', absl::SkipEmpty());
+    const DeviceInfo info = GetDeviceInfo(cuda);
+    int failures = 0;
+    for (const Shape& s : shapes) {
+      failures += RunOnce(cuda, gpu, s, tokens, info.sms > 0 ? info.sms : 132, kinds, absl::GetFlag(FLAGS_seed));
+    }
+    return failures == 0 ? 0 : 1;
+  }
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
                                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::unique_ptr<Backend> cpu = kernels::cpu::MakeCpuBackend(threads);

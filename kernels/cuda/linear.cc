@@ -77,9 +77,11 @@ absl::Status CheckPlan(const LinearPlan& pl, int64_t t, int64_t n, int64_t k, in
     }
     return absl::OkStatus();
   }
+  const bool stages_ok = pl.stages == 0 || (pl.stages >= 2 && pl.stages <= kMaxStages);
+  const int64_t smem_limit = pl.stages > 0 ? internal::LinearMaxSharedBytes() : kSplitMaxSharedBytes;
   if (pl.warps_m * pl.warps_k > kSplitWarps || !PowerOfTwo(pl.cluster) || pl.cluster > 8 || pl.k_slice < 128 ||
-      pl.k_slice % 128 != 0 || pl.cluster * pl.k_slice < k ||
-      internal::LinearSharedBytes(pl) > kSplitMaxSharedBytes || CeilDiv(n, rows_per_block) * groups > 65535) {
+      pl.k_slice % 128 != 0 || pl.cluster * pl.k_slice < k || !stages_ok ||
+      internal::LinearSharedBytes(pl) > smem_limit || CeilDiv(n, rows_per_block) * groups > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " over its limits for [",
                                                    n, ", ", k, "] x ", groups, " groups"));
   }
@@ -93,7 +95,27 @@ std::string LinearPlanName(const LinearPlan& pl) {
     return absl::StrCat("tiled m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k);
   }
   return absl::StrCat("splitk m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k, " c",
-                      pl.cluster, " ks", pl.k_slice);
+                      pl.cluster, " ks", pl.k_slice, pl.stages > 0 ? absl::StrCat(" st", pl.stages) : "");
+}
+
+std::optional<LinearPlan> WithWeightRing(const LinearPlan& plan, int stages) {
+  if (plan.kernel != LinearKernel::kSplitK || stages < 0 || stages > kMaxStages || stages == 1) return std::nullopt;
+  LinearPlan out = plan;
+  out.stages = 0;
+  const int64_t base = internal::LinearSharedBytes(out);
+  const int64_t per_stage = int64_t{out.warps_m} * out.warps_k * (out.m_tiles * kRingTileBytes + 16);
+  if (stages == 0) {
+    // Two blocks per SM (16 warps) while at least 3 slots per warp fit in half an SM's shared memory (4 at
+    // most: 16 warps x 3 steps of 2 KB in flight is ~96 KB per SM); else one block with up to kMaxStages.
+    const int64_t two = (kStreamMaxSharedBytes / 2 - 1024 - base) / per_stage;
+    const int64_t one = (kStreamMaxSharedBytes - base) / per_stage;
+    stages = two >= 3 ? static_cast<int>(std::min<int64_t>(two, 4))
+                      : static_cast<int>(std::min<int64_t>(one, kMaxStages));
+    if (stages < 2) return std::nullopt;
+  }
+  out.stages = stages;
+  if (internal::LinearSharedBytes(out) > kStreamMaxSharedBytes) return std::nullopt;
+  return out;
 }
 
 std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int m_tiles,
@@ -150,6 +172,12 @@ LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, 
     split = fp8 && (rows >= 8192 || rows <= 512);
   } else if (t <= 32) {
     split = !(fp8 && groups == 1 && rows >= 4096 && rows < 8192);
+  }
+  if (fp8) {
+    // FP8 decode: the split-K kernel streaming its weights through a shared-memory ring (any T <= 128).
+    if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) {
+      if (std::optional<LinearPlan> ring = WithWeightRing(*plan, 0)) return *ring;
+    }
   }
   if (split) {
     if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) return *plan;
@@ -243,6 +271,16 @@ absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, c
     }
   } else {
     pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
+    if (pl.kernel == LinearKernel::kSplitK && pl.stages > 0) {
+      // The ring streams FP8 only, with cp.async of whole 16-byte units (vec), one block scale per 16-row tile
+      // (groups == 1 or N % 16 == 0), and within this device's shared memory; otherwise the register ring.
+      if (format != LinearKernelFormat::kFp8 || !vec || (a.groups > 1 && n % 16 != 0)) {
+        pl.stages = 0;
+      } else {
+        while (pl.stages > 2 && internal::LinearSharedBytes(pl) > internal::LinearMaxSharedBytes()) --pl.stages;
+        if (internal::LinearSharedBytes(pl) > internal::LinearMaxSharedBytes()) pl.stages = 0;
+      }
+    }
     DSV4_RETURN_IF_ERROR(CheckPlan(pl, a.t, n, k, a.groups));
   }
   const LinearParams p{.format = format, .w = w->data(), .scale = w->scale(), .scale_cols = CeilDiv(k, kBlock),

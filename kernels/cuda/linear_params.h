@@ -33,6 +33,14 @@ inline constexpr int64_t kSplitMaxTokens = 128;
 inline constexpr int kSplitWarps = 8;
 inline constexpr int64_t kSplitXBytes = 68 * 1024;
 inline constexpr int64_t kSplitMaxSharedBytes = kSplitXBytes + 16 + 32 * 1024;
+// FP8 split-K plans with a shared-memory weight ring (LinearPlan::stages > 0): each warp streams its 16-row x
+// 128-K steps (2 KB per row tile) with cp.async into `stages` slots of its own, so the bytes in flight no longer
+// depend on registers. The ring takes kRingTileBytes per row tile and slot (+ the steps' block scales); a block
+// may then use up to kStreamMaxSharedBytes (the H100/H200 opt-in limit; smaller devices get fewer stages or the
+// register ring: linear.cc).
+inline constexpr int64_t kRingTileBytes = 2048;
+inline constexpr int64_t kStreamMaxSharedBytes = 227 * 1024;
+inline constexpr int kMaxStages = 8;
 
 // Work split of the tensor-core kernels, planned on the host from (groups, N, T, Kin): each warp computes
 // 16*m_tiles rows x 8*n_tiles tokens over its share of the 64-wide K steps. kTiled: a block holds warps_m x
@@ -48,6 +56,7 @@ struct LinearPlan {
   int warps_k = 1;   // WK (kTiled: warps_m * warps_k <= 16; kSplitK: <= kSplitWarps)
   int cluster = 1;   // kSplitK: blocks of a cluster splitting K (1, 2, 4 or 8)
   int64_t k_slice = 0;  // kSplitK: K elements per block (a multiple of 128; cluster * k_slice >= Kin)
+  int stages = 0;       // kSplitK, FP8: 0 = register ring; 2..kMaxStages = cp.async shared-memory ring slots/warp
 };
 
 struct LinearParams {
@@ -71,8 +80,11 @@ namespace internal {
 // Enqueues the kernel for `p` (sizes already validated); returns the launch error, if any.
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream);
 // Dynamic shared memory the tensor-core kernel of `plan` takes (kTiled: the split-K reduction; kSplitK: the x
-// slice and the partial sums).
+// slice, the partial sums and, with stages > 0, the weight ring).
 int64_t LinearSharedBytes(const LinearPlan& plan);
+// The most dynamic shared memory a ring plan may take on the current device (its opt-in limit, at most
+// kStreamMaxSharedBytes).
+int64_t LinearMaxSharedBytes();
 }  // namespace internal
 
 }  // namespace dsv4::kernels::cuda

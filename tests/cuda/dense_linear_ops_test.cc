@@ -2,7 +2,8 @@
 // scales), BF16 and F32 weights at the projections of configs/flash.json (TP 1 and the TP-4 shard) and
 // tiny.json, every decode token count (the split-K kernel) and prefill chunks (the tiled kernel), grouped
 // (wo_a), strided, bf16 activations, odd sizes that take the unaligned paths, T = 0; forced plans of both
-// kernels (m-tiles, K splits up to 64, clusters with blocks past the end of K) must agree with the CPU too.
+// kernels (m-tiles, K splits up to 64, clusters with blocks past the end of K, the split-K kernel's register and
+// shared-memory weight rings) must agree with the CPU too.
 // Outputs start as a sentinel, so an element not written (or written outside its row) fails.
 //
 // Two tolerances: with x already on the bf16 grid the CUDA kernel's only difference is the order of the fp32
@@ -183,8 +184,17 @@ TEST(DenseLinear, SplitKForcedPlans) {
     for (const int m_tiles : {1, 2}) {
       if (m_tiles == 2 && c.t > 16) continue;  // no 2 x 4 tile
       for (const int splits : {1, 2, 8, 16, 64}) {
-        c.plan = SplitPlan(c, m_tiles, splits);
+        const LinearPlan plan = SplitPlan(c, m_tiles, splits);
+        c.plan = plan;
         CheckLinear(c);
+        // The same split with the FP8 weights streamed through a shared-memory ring of 2 and 8 slots (BF16,
+        // unaligned rows and grouped N % 16 != 0 fall back to the register ring inside LaunchLinearWithPlan).
+        for (const int stages : {2, kMaxStages}) {
+          if (std::optional<LinearPlan> ring = WithWeightRing(plan, stages)) {
+            c.plan = *ring;
+            CheckLinear(c);
+          }
+        }
       }
     }
     c.plan = PlanTiledLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms());
@@ -212,6 +222,13 @@ TEST(DenseLinear, BadPlansAreRefused) {
   bad = good;
   bad.warps_m = 8, bad.warps_k = 2;  // 16 warps
   EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.stages = 1;  // a ring needs two slots
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  bad.stages = kMaxStages + 1;
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(WithWeightRing(good, 1).has_value());
+  EXPECT_FALSE(WithWeightRing(PlanTiledLinear(4, 256, 1024, 1, 132), 4).has_value());
   bad = good;
   bad.m_tiles = 2, bad.n_tiles = 4;
   EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
