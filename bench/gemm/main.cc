@@ -484,46 +484,47 @@ void RunShape(Ctx& ctx, const Shape& sh) {
 
     if (ctx.variants) {
       std::vector<std::pair<std::string, LinearPlan>> plans;
-      // The other kernel, and split-K plans around the split-K plan (the automatic one or the default).
-      const std::optional<LinearPlan> split = auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK
-                                                  ? std::optional<LinearPlan>(auto_plan)
-                                                  : kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms);
-      auto add_plan = [&](const std::string& what, const LinearPlan& p) {
-        const std::string pn = kernels::cuda::LinearPlanName(p);
+      // The other kernels, and plans around the automatic one: for the FP8 weight ring, the split-K kernel with
+      // its register ring ("reg", its own plan), the tiled kernel, other ring depths and half / double splits;
+      // otherwise the other kernel and split-K plans around the split-K one.
+      auto add_plan = [&](const std::string& what, const std::optional<LinearPlan>& p) {
+        if (!p) return;
+        const std::string pn = kernels::cuda::LinearPlanName(*p);
         if (pn == kernels::cuda::LinearPlanName(auto_plan)) return;
         for (const auto& [w, q] : plans) {
           if (kernels::cuda::LinearPlanName(q) == pn) return;
         }
-        plans.emplace_back(what, p);
+        plans.emplace_back(what, *p);
       };
-      if (auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK) {
-        add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, static_cast<int>(G), ctx.sms));
-      } else if (split) {
-        add_plan("splitk", *split);
-      }
-      if (split) {
-        const int splits = split->warps_k * split->cluster;
-        auto add = [&](const std::string& what, int m_tiles, int s) {
-          if (s < 1 || s > 64) return;
-          if (std::optional<LinearPlan> p =
-                  kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms, m_tiles, s)) {
-            if (split->stages > 0) p = kernels::cuda::WithWeightRing(*p, 0);
-            if (p) add_plan(what, *p);
-          }
-        };
-        if (split->stages > 0) {
-          // The same work split with the register ring (the previous kernel), and other ring depths.
-          LinearPlan reg = *split;
-          reg.stages = 0;
-          add_plan("reg", reg);
-          if (std::optional<LinearPlan> p = kernels::cuda::WithWeightRing(*split, 2)) add_plan("st2", *p);
-          if (std::optional<LinearPlan> p = kernels::cuda::WithWeightRing(*split, 2 * split->stages)) {
-            add_plan("st*2", *p);
-          }
+      const int gi = static_cast<int>(G);
+      if (auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK && auto_plan.stages > 0) {
+        add_plan("reg", kernels::cuda::PlanSplitKLinear(t, N, K, gi, ctx.sms));
+        add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, gi, ctx.sms));
+        const int splits = auto_plan.warps_k * auto_plan.cluster;
+        for (int st = 2; st <= kernels::cuda::kMaxStages; ++st) {
+          add_plan(absl::StrCat("st", st), kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms, splits, st));
         }
-        add(split->m_tiles == 1 ? "m2" : "m1", split->m_tiles == 1 ? 2 : 1, splits);
-        add("s/2", split->m_tiles, splits / 2);
-        add("s*2", split->m_tiles, splits * 2);
+        if (splits > 1) add_plan("s/2", kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms, splits / 2));
+        add_plan("s*2", kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms, splits * 2));
+      } else {
+        const std::optional<LinearPlan> split = auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK
+                                                    ? std::optional<LinearPlan>(auto_plan)
+                                                    : kernels::cuda::PlanSplitKLinear(t, N, K, gi, ctx.sms);
+        if (auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK) {
+          add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, gi, ctx.sms));
+        } else {
+          add_plan("splitk", split);
+        }
+        if (split) {
+          const int splits = split->warps_k * split->cluster;
+          auto add = [&](const std::string& what, int m_tiles, int s) {
+            if (s < 1 || s > 64) return;
+            add_plan(what, kernels::cuda::PlanSplitKLinear(t, N, K, gi, ctx.sms, m_tiles, s));
+          };
+          add(split->m_tiles == 1 ? "m2" : "m1", split->m_tiles == 1 ? 2 : 1, splits);
+          add("s/2", split->m_tiles, splits / 2);
+          add("s*2", split->m_tiles, splits * 2);
+        }
       }
       for (const auto& [what, plan] : plans) {
         auto err = std::make_shared<absl::Status>();

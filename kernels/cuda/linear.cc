@@ -77,7 +77,7 @@ absl::Status CheckPlan(const LinearPlan& pl, int64_t t, int64_t n, int64_t k, in
     }
     return absl::OkStatus();
   }
-  const bool stages_ok = pl.stages == 0 || (pl.stages >= 2 && pl.stages <= kMaxStages);
+  const bool stages_ok = pl.stages == 0 || (pl.stages >= 2 && pl.stages <= kMaxStages && pl.m_tiles == 1);
   const int64_t smem_limit = pl.stages > 0 ? internal::LinearMaxSharedBytes() : kSplitMaxSharedBytes;
   if (pl.warps_m * pl.warps_k > kSplitWarps || !PowerOfTwo(pl.cluster) || pl.cluster > 8 || pl.k_slice < 128 ||
       pl.k_slice % 128 != 0 || pl.cluster * pl.k_slice < k || !stages_ok ||
@@ -96,26 +96,6 @@ std::string LinearPlanName(const LinearPlan& pl) {
   }
   return absl::StrCat("splitk m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k, " c",
                       pl.cluster, " ks", pl.k_slice, pl.stages > 0 ? absl::StrCat(" st", pl.stages) : "");
-}
-
-std::optional<LinearPlan> WithWeightRing(const LinearPlan& plan, int stages) {
-  if (plan.kernel != LinearKernel::kSplitK || stages < 0 || stages > kMaxStages || stages == 1) return std::nullopt;
-  LinearPlan out = plan;
-  out.stages = 0;
-  const int64_t base = internal::LinearSharedBytes(out);
-  const int64_t per_stage = int64_t{out.warps_m} * out.warps_k * (out.m_tiles * kRingTileBytes + 16);
-  if (stages == 0) {
-    // Two blocks per SM (16 warps) while at least 3 slots per warp fit in half an SM's shared memory (4 at
-    // most: 16 warps x 3 steps of 2 KB in flight is ~96 KB per SM); else one block with up to kMaxStages.
-    const int64_t two = (kStreamMaxSharedBytes / 2 - 1024 - base) / per_stage;
-    const int64_t one = (kStreamMaxSharedBytes - base) / per_stage;
-    stages = two >= 3 ? static_cast<int>(std::min<int64_t>(two, 4))
-                      : static_cast<int>(std::min<int64_t>(one, kMaxStages));
-    if (stages < 2) return std::nullopt;
-  }
-  out.stages = stages;
-  if (internal::LinearSharedBytes(out) > kStreamMaxSharedBytes) return std::nullopt;
-  return out;
 }
 
 std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int m_tiles,
@@ -152,6 +132,61 @@ std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int 
   return plan;
 }
 
+// FP8 decode through the weight ring (linear_ring.cu). ncu on the H200 (bench/RESULTS.md) put the split-K kernel
+// at ~15 warps per SM, each issuing an instruction every ~7 cycles: the ring kernel's cheap steps pay off with
+// more warps in flight, so the plan aims at 32 warps per SM up to 8 tokens (16 above: x staging grows), each warp
+// with at least two 128-wide steps; stages: the most (<= kMaxStages) that keep the blocks an SM can hold (by
+// registers, and by the grid's size) in its shared memory.
+std::optional<LinearPlan> PlanRingLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int splits,
+                                         int stages) {
+  if (t < 1 || t > kSplitMaxTokens || n < 1 || k < 1 || groups < 1) return std::nullopt;
+  if (splits != 0 && (!PowerOfTwo(splits) || splits > 32)) return std::nullopt;
+  if (stages != 0 && (stages < 2 || stages > kMaxStages)) return std::nullopt;
+  LinearPlan plan{.kernel = LinearKernel::kSplitK, .m_tiles = 1};
+  plan.n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : 4;
+  const int64_t token_tiles = CeilDiv(t, 8 * plan.n_tiles);
+  const int64_t row_tiles = CeilDiv(n, 16);
+  const int64_t tiles = row_tiles * groups * token_tiles;
+  const int64_t chunks = CeilDiv(k, 128);
+  int s = splits;
+  if (s == 0) {
+    const int64_t want = int64_t{t <= 8 ? 32 : 16} * sms;
+    s = 1;
+    while (s < 32 && 4 * s <= chunks && tiles * 2 * s <= want) s *= 2;
+  }
+  // Every block stages x[tokens, K slice] from global memory: splitting K over the warps of a block makes more,
+  // smaller row blocks (more x reads per weight byte), over a cluster it does not. One or two tokens read
+  // almost no x: warps first (no cluster barrier); more tokens: the cluster first.
+  int warps_k = t <= 2 ? std::min(s, 4) : std::max(1, s / 8);
+  int cluster = s / warps_k;
+  if (cluster > 8) return std::nullopt;
+  // The block's x slice must fit (kSplitXBytes, so the register ring can run the same plan): a larger cluster
+  // makes it shorter.
+  while (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes && cluster < 8) {
+    if (warps_k > 1) warps_k /= 2;
+    cluster *= 2;
+  }
+  if (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes) return std::nullopt;
+  plan.cluster = cluster;
+  plan.warps_k = warps_k;
+  plan.k_slice = CeilDiv(chunks, cluster) * 128;
+  plan.warps_m = std::min(kSplitWarps / warps_k, NextPow2(row_tiles));
+  if (stages == 0) {
+    const int reg_blocks = plan.n_tiles == 1 ? 4 : plan.n_tiles == 2 ? 3 : 2;  // linear_ring.cu kRingMinBlocks
+    const int64_t grid = CeilDiv(row_tiles, plan.warps_m) * groups * token_tiles * cluster;
+    const int64_t blocks = std::clamp<int64_t>(CeilDiv(grid, sms), 1, reg_blocks);
+    const int64_t per_block = (228 * 1024) / blocks - 1024;
+    stages = kMaxStages;
+    for (; stages > 2; --stages) {
+      plan.stages = stages;
+      if (internal::LinearSharedBytes(plan) <= per_block) break;
+    }
+  }
+  plan.stages = stages;
+  if (internal::LinearSharedBytes(plan) > kStreamMaxSharedBytes) return std::nullopt;
+  return plan;
+}
+
 LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms) {
   return PlanTiled(t, n, k, groups, sms);
 }
@@ -174,10 +209,8 @@ LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, 
     split = !(fp8 && groups == 1 && rows >= 4096 && rows < 8192);
   }
   if (fp8) {
-    // FP8 decode: the split-K kernel streaming its weights through a shared-memory ring (any T <= 128).
-    if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) {
-      if (std::optional<LinearPlan> ring = WithWeightRing(*plan, 0)) return *ring;
-    }
+    // FP8 decode (T <= kSplitMaxTokens): the weight-ring kernel.
+    if (std::optional<LinearPlan> plan = PlanRingLinear(t, n, k, groups, sms)) return *plan;
   }
   if (split) {
     if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) return *plan;

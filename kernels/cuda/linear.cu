@@ -15,7 +15,9 @@
 //
 // Split K in the tiled kernel: a block's warps_k warps take every warps_k-th step of the same tiles and add their
 // partial sums in shared memory in a fixed order, so results are deterministic. The split-K kernel
-// (LinearSplitKernel, below) stages x in shared memory and splits K over a thread-block cluster as well.
+// (LinearSplitKernel, below) stages x in shared memory and splits K over a thread-block cluster as well; its FP8
+// variant with the weights streamed through a shared-memory ring is linear_ring.cu. Shared device helpers:
+// linear_device.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -24,37 +26,11 @@
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/linear_device.cuh"
 #include "kernels/cuda/linear_params.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
-
-constexpr int kStepK = 64;       // K elements per step (4 threads x 16)
-constexpr int kScaleBlock = 128;
-
-__device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Four e4m3 bytes (little-endian) -> two bf16x2 words, exactly (subnormals included).
-__device__ __forceinline__ void E4m3x4ToBf16(uint32_t v, uint32_t& lo, uint32_t& hi) {
-  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
-  const float2 f0 = __half22float2(__half2(h0));
-  const float2 f1 = __half22float2(__half2(h1));
-  lo = PackBf16x2(f0.x, f0.y);
-  hi = PackBf16x2(f1.x, f1.y);
-}
 
 // Raw 32-bit words one thread loads per weight row per step: 16 e4m3 bytes or 16 bf16 values.
 template <LinearKernelFormat F>
@@ -306,106 +282,17 @@ constexpr int kSub = F == LinearKernelFormat::kFp8 ? 2 : 1;
 template <LinearKernelFormat F, int MW>
 constexpr int kRing = 16 / (MW * kSub<F> * kRawWords<F>) > 0 ? 16 / (MW * kSub<F> * kRawWords<F>) : 1;
 
-// Shared-memory position of x element e of a block's slice row (the unit swizzle above).
-__device__ __forceinline__ int64_t XPos(int64_t e) {
-  const int64_t w = (e >> 4) & 7;
-  return (e & ~int64_t{127}) | ((w ^ ((w >> 2) & 1)) << 4) | (e & 15);
-}
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Barrier over every thread of the cluster; the arrive releases and the wait acquires the blocks' shared memory.
-__device__ __forceinline__ void ClusterSync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-// The float at `local`'s offset in the shared memory of cluster block `rank`.
-__device__ __forceinline__ float LoadClusterShared(const float* local, uint32_t rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SharedAddress(local)), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-#else
-  (void)rank;
-  __trap();
-  return *local;
-#endif
-}
-
-// Four x elements [k, k + 4) of row `off` (element offset of the row's group start) as two bf16x2 words; zeros
-// past Kin.
-__device__ __forceinline__ uint2 LoadX4(const LinearParams& p, int64_t off, int64_t k) {
-  uint2 out{0u, 0u};
-  if (p.vec && k + 4 <= p.k) {
-    if (p.x_bf16) {
-      out = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + off + k));
-    } else {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + off + k));
-      out.x = PackBf16x2(v.x, v.y);
-      out.y = PackBf16x2(v.z, v.w);
-    }
-    return out;
-  }
-  float v[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    v[e] = 0.f;
-    if (k + e < p.k) {
-      v[e] = p.x_bf16 ? __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(p.x)[off + k + e]))
-                      : static_cast<const float*>(p.x)[off + k + e];
-    }
-  }
-  out.x = PackBf16x2(v[0], v[1]);
-  out.y = PackBf16x2(v[2], v[3]);
-  return out;
-}
-
-// cp.async of 16 bytes (the first src_bytes of them read, the rest zero-filled; L1 bypassed) and of 4 bytes.
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(SharedAddress(dst)), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void CpAsync4(void* dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(SharedAddress(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most n (0..kMaxStages - 1) of this thread's cp.async groups are pending (the count must be an
-// immediate: one case per value).
-__device__ __forceinline__ void CpAsyncWaitAllBut(int n) {
-  switch (n) {
-    case 0: asm volatile("cp.async.wait_group 0;\n" ::: "memory"); break;
-    case 1: asm volatile("cp.async.wait_group 1;\n" ::: "memory"); break;
-    case 2: asm volatile("cp.async.wait_group 2;\n" ::: "memory"); break;
-    case 3: asm volatile("cp.async.wait_group 3;\n" ::: "memory"); break;
-    case 4: asm volatile("cp.async.wait_group 4;\n" ::: "memory"); break;
-    case 5: asm volatile("cp.async.wait_group 5;\n" ::: "memory"); break;
-    case 6: asm volatile("cp.async.wait_group 6;\n" ::: "memory"); break;
-    default: asm volatile("cp.async.wait_group 7;\n" ::: "memory"); break;
-  }
-}
-
-template <LinearKernelFormat F, int MW, int NW, bool kSmemRing>
+template <LinearKernelFormat F, int MW, int NW>
 __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const LinearParams p) {
   extern __shared__ __align__(16) unsigned char split_smem[];
   constexpr int kRaw = kRawWords<F>;
   constexpr int kS = kSub<F>;
   constexpr int kStep = kStepK * kS;  // K elements per step
-  constexpr int kAcc = MW * NW * 4;
   constexpr int kTokens = 8 * NW;
   constexpr int kD = kRing<F, MW>;
   constexpr bool kFp8 = F == LinearKernelFormat::kFp8;
   constexpr int64_t kEsize = kFp8 ? 1 : 2;
-  static_assert(!kSmemRing || kFp8, "the shared-memory ring streams FP8 steps only");
-  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m, cluster = p.plan.cluster;
+  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, wm = warp / warps_k;
   const int g = lane >> 2, q = lane & 3;
@@ -454,64 +341,17 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
     }
   };
 
-  // The x slice's row pitch (elements) and, with the shared-memory ring, this warp's `stages` slots after the x
-  // slice and the partial sums: slot = MW tiles of 2 KB in fragment order ([i][h][u][lane][16 bytes]: lane
-  // (g, q)'s bytes [32q + 16u, +16) of row 16 i + 8 h + g of the step) + MW block scales.
-  const int64_t pitch = p.plan.k_slice + 4;
-  constexpr int kSlot = MW * static_cast<int>(kRingTileBytes) + 16;
-  const int stages = kSmemRing ? p.plan.stages : 1;
-  unsigned char* ring_w = split_smem;
-  if constexpr (kSmemRing) {
-    const int64_t x_bytes = ((kTokens * pitch * 2 + 15) / 16) * 16;
-    const int64_t red_bytes = warps_k * cluster > 1 ? int64_t{4} * warps_m * warps_k * kAcc * 32 : 0;
-    ring_w = split_smem + x_bytes + red_bytes + static_cast<int64_t>(warp) * stages * kSlot;
-  }
-  // Issues step `it`'s weights (and block scales) into ring slot `slot` with cp.async, whole 128-byte row
-  // segments per 8 lanes (rows past N or K past Kin zero-filled). Host-checked: FP8, vec (rows 16-byte aligned,
-  // Kin % 16 == 0), and every 16-row tile inside one 128-row scale block (groups == 1 or N % 16 == 0).
-  auto issue = [&](int it, int slot) {
-    const int64_t s = step_of(it);
-    unsigned char* dst0 = ring_w + slot * kSlot;
-    const int c = lane & 7;
+  // The first kD steps are requested before x is staged, so they fly meanwhile.
+  uint32_t ring[kD][MW][2][kS][kRaw];
+  float ring_sc[kD][MW][2];
 #pragma unroll
-    for (int i = 0; i < MW; ++i) {
-#pragma unroll
-      for (int u = 0; u < 4; ++u) {
-        const int rr = 4 * u + (lane >> 3);
-        const int64_t r = row0 + 16 * i + rr;
-        const int64_t k = s * kStep + 16 * c;
-        const bool ok = r < p.n && k < p.k;
-        const uint8_t* src = static_cast<const uint8_t*>(p.w) + (ok ? (grp * p.n + r) * p.k + k : 0);
-        unsigned char* dst = dst0 + i * kRingTileBytes + (((u >> 1) * 2 + (c & 1)) * 512) +
-                             (4 * (rr & 7) + (c >> 1)) * 16;
-        CpAsync16(dst, src, ok ? 16 : 0);
-      }
-    }
-    if (lane < MW) {
-      const int64_t r = row0 + 16 * lane;
-      const int64_t gr = grp * p.n + (r < p.n ? r : 0);
-      CpAsync4(dst0 + MW * kRingTileBytes + 4 * lane, p.scale + (gr / kScaleBlock) * p.scale_cols + s);
-    }
-  };
-
-  // The first steps are requested before x is staged, so they fly meanwhile: kD register slots, or stages - 1
-  // shared-memory slots (one cp.async group per step, empty ones included, so group counts stay uniform).
-  uint32_t ring[kSmemRing ? 1 : kD][MW][2][kS][kRaw];
-  float ring_sc[kSmemRing ? 1 : kD][MW][2];
-  if constexpr (kSmemRing) {
-    for (int d = 0; d < stages - 1; ++d) {
-      if (d < my_steps) issue(d, d);
-      CpAsyncCommit();
-    }
-  } else {
-#pragma unroll
-    for (int d = 0; d < kD; ++d) {
-      if (d < my_steps) request(d, ring[d], ring_sc[d]);
-    }
+  for (int d = 0; d < kD; ++d) {
+    if (d < my_steps) request(d, ring[d], ring_sc[d]);
   }
 
   // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin), 4 elements per thread and pass.
   uint16_t* xs = reinterpret_cast<uint16_t*>(split_smem);
+  const int64_t pitch = p.plan.k_slice + 4;
   {
     const int64_t quads = p.plan.k_slice / 4;
     const int64_t k_base = s_begin * kStep;
@@ -533,182 +373,63 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][jn][c] = 0.f;
 
-  // One step: convert its weights (calling on_free once the raw words are no longer needed), MMAs against the
-  // staged x, then the rows' block scale (1 for BF16) in fp32.
-  auto consume = [&](int it, const uint32_t (&raw)[MW][2][kS][kRaw], const float (&sc_in)[MW][2], auto&& on_free) {
-    const int64_t ls = step_of(it) - s_begin;  // local step: x columns [ls * kStep, +kStep)
-    float sc[MW][2];
+  for (int base = 0; base < my_steps; base += kD) {
 #pragma unroll
-    for (int i = 0; i < MW; ++i) sc[i][0] = sc_in[i][0], sc[i][1] = sc_in[i][1];
-    float part[MW][NW][4];
+    for (int d = 0; d < kD; ++d) {
+      const int it = base + d;
+      if (it < my_steps) {
+        const int64_t ls = step_of(it) - s_begin;  // local step: x columns [ls * kStep, +kStep)
+        float sc[MW][2];
 #pragma unroll
-    for (int i = 0; i < MW; ++i)
+        for (int i = 0; i < MW; ++i) sc[i][0] = ring_sc[d][i][0], sc[i][1] = ring_sc[d][i][1];
+        float part[MW][NW][4];
 #pragma unroll
-      for (int jn = 0; jn < NW; ++jn)
+        for (int i = 0; i < MW; ++i)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) part[i][jn][c] = 0.f;
+          for (int jn = 0; jn < NW; ++jn)
 #pragma unroll
-    for (int u = 0; u < kS; ++u) {
-      uint32_t a[MW][2][8];
+            for (int c = 0; c < 4; ++c) part[i][jn][c] = 0.f;
 #pragma unroll
-      for (int i = 0; i < MW; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) WeightsToBf16<F>(raw[i][h][u], a[i][h]);
-      if (u == kS - 1) on_free();
-      const uint16_t* xrow = xs + g * pitch;
-      // This thread's 16 elements of the sub-step, as slice columns.
-      const int64_t e0 = ls * kStep + 16 * (kS * q + u);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int64_t pos = XPos(e0 + 4 * j);
-#pragma unroll
-        for (int jn = 0; jn < NW; ++jn) {
-          const uint2 b = *reinterpret_cast<const uint2*>(xrow + 8 * jn * pitch + pos);
+        for (int u = 0; u < kS; ++u) {
+          uint32_t a[MW][2][8];
 #pragma unroll
           for (int i = 0; i < MW; ++i)
-            Mma16816(part[i][jn], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1], b.x,
-                     b.y);
-        }
-      }
-    }
 #pragma unroll
-    for (int i = 0; i < MW; ++i)
+            for (int h = 0; h < 2; ++h) WeightsToBf16<F>(ring[d][i][h][u], a[i][h]);
+          // The slot is free once its last sub-step is converted: request the step kD ahead into it.
+          if (u == kS - 1 && it + kD < my_steps) request(it + kD, ring[d], ring_sc[d]);
+          const uint16_t* xrow = xs + g * pitch;
+          // This thread's 16 elements of the sub-step, as slice columns.
+          const int64_t e0 = ls * kStep + 16 * (kS * q + u);
 #pragma unroll
-      for (int jn = 0; jn < NW; ++jn) {
-        acc[i][jn][0] += sc[i][0] * part[i][jn][0];
-        acc[i][jn][1] += sc[i][0] * part[i][jn][1];
-        acc[i][jn][2] += sc[i][1] * part[i][jn][2];
-        acc[i][jn][3] += sc[i][1] * part[i][jn][3];
-      }
-  };
-
-  if constexpr (kSmemRing) {
-    // Slot it % stages holds step it; step it + stages - 1 goes into the slot step it - 1 used, once every lane
-    // has read it (the __syncwarp at the top); after the wait, the __syncwarp makes the other lanes' copies
-    // visible.
-    int slot = 0, next_slot = stages - 1;
-    for (int it = 0; it < my_steps; ++it) {
-      __syncwarp();
-      if (it + stages - 1 < my_steps) issue(it + stages - 1, next_slot);
-      CpAsyncCommit();
-      CpAsyncWaitAllBut(stages - 1);
-      __syncwarp();
-      const unsigned char* src = ring_w + slot * kSlot;
-      uint32_t raw[MW][2][kS][kRaw];
-      float sc[MW][2];
+          for (int j = 0; j < 4; ++j) {
+            const int64_t pos = XPos(e0 + 4 * j);
 #pragma unroll
-      for (int i = 0; i < MW; ++i) {
+            for (int jn = 0; jn < NW; ++jn) {
+              const uint2 b = *reinterpret_cast<const uint2*>(xrow + 8 * jn * pitch + pos);
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int u = 0; u < kS; ++u) {
-            const uint4 v = *reinterpret_cast<const uint4*>(src + i * kRingTileBytes + (h * 2 + u) * 512 + lane * 16);
-            raw[i][h][u][0] = v.x, raw[i][h][u][1] = v.y, raw[i][h][u][2] = v.z, raw[i][h][u][3] = v.w;
+              for (int i = 0; i < MW; ++i)
+                Mma16816(part[i][jn], a[i][0][2 * j], a[i][1][2 * j], a[i][0][2 * j + 1], a[i][1][2 * j + 1], b.x,
+                         b.y);
+            }
           }
         }
-        sc[i][0] = sc[i][1] = *reinterpret_cast<const float*>(src + MW * kRingTileBytes + 4 * i);
-      }
-      consume(it, raw, sc, [] {});
-      slot = slot + 1 == stages ? 0 : slot + 1;
-      next_slot = next_slot + 1 == stages ? 0 : next_slot + 1;
-    }
-    CpAsyncWaitAllBut(0);
-  } else {
-    for (int base = 0; base < my_steps; base += kD) {
+        // The step's block scale per row (1 for BF16), in fp32.
 #pragma unroll
-      for (int d = 0; d < kD; ++d) {
-        const int it = base + d;
-        if (it < my_steps) {
-          // The slot is free once its last sub-step is converted: request the step kD ahead into it.
-          consume(it, ring[d], ring_sc[d], [&] {
-            if (it + kD < my_steps) request(it + kD, ring[d], ring_sc[d]);
-          });
-        }
+        for (int i = 0; i < MW; ++i)
+#pragma unroll
+          for (int jn = 0; jn < NW; ++jn) {
+            acc[i][jn][0] += sc[i][0] * part[i][jn][0];
+            acc[i][jn][1] += sc[i][0] * part[i][jn][1];
+            acc[i][jn][2] += sc[i][1] * part[i][jn][2];
+            acc[i][jn][3] += sc[i][1] * part[i][jn][3];
+          }
       }
     }
-  }
-  // c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
-  if (warps_k * cluster == 1) {
-#pragma unroll
-    for (int i = 0; i < MW; ++i)
-#pragma unroll
-      for (int jn = 0; jn < NW; ++jn)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
-          const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
-          if (r < p.n && t < p.t) p.y[t * p.y_stride + grp * p.n + r] = acc[i][jn][c];
-        }
-    return;
   }
 
-  // Split: every warp parks its partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c). Then, in a fixed
-  // order: each block adds its warps_k warps' sums (in place, into warp (wm, 0)'s slot), and after a cluster
-  // barrier the cluster adds the blocks' sums in rank order (distributed shared memory). All loads of a sum are
-  // issued before its adds, so a sum costs one load latency, not one per term.
   float* red = reinterpret_cast<float*>(split_smem + ((kTokens * pitch * 2 + 15) / 16) * 16);
-  {
-    float* dst = red + static_cast<int64_t>(wm * warps_k + wk) * kAcc * 32 + lane;
-#pragma unroll
-    for (int i = 0; i < MW; ++i)
-#pragma unroll
-      for (int jn = 0; jn < NW; ++jn)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) dst[32 * ((i * NW + jn) * 4 + c)] = acc[i][jn][c];
-  }
-  __syncthreads();
-  const int64_t block_row0 = (blockIdx.z % row_blocks) * rows_per_block;
-  const int total = warps_m * kAcc * 32;
-  // Element e of the block's tile: warp row em, accumulator v, lane el -> output (row r, token t), or false.
-  auto element = [&](int e, int& em, int& v, int& el, int64_t& r, int64_t& t) {
-    em = e / (kAcc * 32), v = (e / 32) % kAcc, el = e % 32;
-    const int i = v / (NW * 4), jn = (v / 4) % NW, c = v % 4;
-    r = block_row0 + int64_t{16} * MW * em + 16 * i + (el >> 2) + 8 * (c / 2);
-    t = tok0 + 8 * jn + 2 * (el & 3) + (c % 2);
-    return r < p.n && t < p.t;
-  };
-  if (warps_k > 1) {
-    for (int e = static_cast<int>(threadIdx.x); e < total; e += static_cast<int>(blockDim.x)) {
-      int em, v, el;
-      int64_t r, t;
-      if (!element(e, em, v, el, r, t)) continue;
-      float part[kSplitWarps];
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w) {
-        part[w] = w < warps_k ? red[(static_cast<int64_t>(em * warps_k + w) * kAcc + v) * 32 + el] : 0.f;
-      }
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w) {
-        if (w < warps_k) sum += part[w];
-      }
-      if (cluster == 1) {
-        p.y[t * p.y_stride + grp * p.n + r] = sum;
-      } else {
-        red[(static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el] = sum;
-      }
-    }
-  }
-  if (cluster == 1) return;
-  ClusterSync();
-  for (int e = rank * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); e < total;
-       e += cluster * static_cast<int>(blockDim.x)) {
-    int em, v, el;
-    int64_t r, t;
-    if (!element(e, em, v, el, r, t)) continue;
-    const float* src = red + (static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el;
-    float part[8];
-#pragma unroll
-    for (int b = 0; b < 8; ++b) part[b] = b < cluster ? LoadClusterShared(src, static_cast<uint32_t>(b)) : 0.f;
-    float sum = 0.f;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      if (b < cluster) sum += part[b];
-    }
-    p.y[t * p.y_stride + grp * p.n + r] = sum;
-  }
-  // No block may leave while another still reads its shared memory.
-  ClusterSync();
+  SplitEpilogue<MW, NW>(p, acc, red, (blockIdx.z % row_blocks) * rows_per_block, row0, tok0, grp, wm, wk, lane, rank);
 }
 
 // F32 weights: one warp per output row, 4 tokens at a time, plain fp32 FMAs (x not rounded).
@@ -761,27 +482,16 @@ cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;  // kSplitK has no 2 x 4 tile per warp (it would spill: the planner never asks)
   } else {
     // kSplitK: the shared-memory limit is raised once per instantiation and device (to the most any plan takes).
-    // The ring variant takes up to the device's opt-in limit (the host plan never asks for more).
-    auto kernel = LinearSplitKernel<F, MW, NW, false>;
-    static std::atomic<uint64_t> raised{0}, raised_ring{0};
-    std::atomic<uint64_t>* done = &raised;
-    int64_t limit = kSplitMaxSharedBytes;
-    if constexpr (F == LinearKernelFormat::kFp8) {
-      if (pl.stages > 0) {
-        kernel = LinearSplitKernel<F, MW, NW, true>;
-        done = &raised_ring;
-        limit = internal::LinearMaxSharedBytes();
-      }
-    }
-    if (pl.stages > 0 && F != LinearKernelFormat::kFp8) return cudaErrorInvalidValue;
+    static std::atomic<uint64_t> raised{0};
     int device = 0;
     if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
     const uint64_t bit = uint64_t{1} << (device & 63);
-    if ((done->load(std::memory_order_relaxed) & bit) == 0) {
-      const cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit));
+    if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
+      const cudaError_t e = cudaFuncSetAttribute(LinearSplitKernel<F, MW, NW>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 static_cast<int>(kSplitMaxSharedBytes));
       if (e != cudaSuccess) return e;
-      done->fetch_or(bit, std::memory_order_relaxed);
+      raised.fetch_or(bit, std::memory_order_relaxed);
     }
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(pl.cluster), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),
@@ -796,7 +506,7 @@ cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
     cluster_dim[0].val.clusterDim.z = 1;
     config.attrs = cluster_dim;
     config.numAttrs = pl.cluster > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&config, kernel, p);
+    return cudaLaunchKernelEx(&config, LinearSplitKernel<F, MW, NW>, p);
   }
 }
 
@@ -822,9 +532,9 @@ int64_t LinearSharedBytes(const LinearPlan& plan) {
   if (plan.kernel == LinearKernel::kTiled) return plan.warps_m * (plan.warps_k - 1) * acc_bytes;
   const int64_t x_bytes = (int64_t{8} * plan.n_tiles * (plan.k_slice + 4) * 2 + 15) / 16 * 16;
   const bool split = plan.warps_k * plan.cluster > 1;
-  const int64_t ring_bytes = plan.stages > 0 ? int64_t{plan.warps_m} * plan.warps_k * plan.stages *
-                                                   (plan.m_tiles * kRingTileBytes + 16)
-                                             : 0;
+  // The FP8 weight ring (linear_ring.cu): per warp `stages` slots of one 16-row tile + its block scale.
+  const int64_t ring_bytes =
+      plan.stages > 0 ? int64_t{plan.warps_m} * plan.warps_k * plan.stages * (kRingTileBytes + 16) : 0;
   return x_bytes + (split ? int64_t{plan.warps_m} * plan.warps_k * acc_bytes : 0) + ring_bytes;
 }
 
@@ -839,7 +549,9 @@ int64_t LinearMaxSharedBytes() {
 
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream) {
   switch (p.format) {
-    case LinearKernelFormat::kFp8: return LaunchMmaFormat<LinearKernelFormat::kFp8>(p, stream);
+    case LinearKernelFormat::kFp8:
+      if (p.plan.kernel == LinearKernel::kSplitK && p.plan.stages > 0) return LaunchLinearRingKernel(p, stream);
+      return LaunchMmaFormat<LinearKernelFormat::kFp8>(p, stream);
     case LinearKernelFormat::kBf16: return LaunchMmaFormat<LinearKernelFormat::kBf16>(p, stream);
     case LinearKernelFormat::kF32: {
       const dim3 grid(static_cast<unsigned>((p.n + kF32Warps - 1) / kF32Warps),
