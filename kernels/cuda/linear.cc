@@ -172,7 +172,7 @@ std::optional<LinearPlan> PlanRingLinear(int64_t t, int64_t n, int64_t k, int gr
   plan.k_slice = CeilDiv(chunks, cluster) * 128;
   plan.warps_m = std::min(kSplitWarps / warps_k, NextPow2(row_tiles));
   if (stages == 0) {
-    const int reg_blocks = plan.n_tiles == 1 ? 4 : plan.n_tiles == 2 ? 3 : 2;  // linear_ring.cu kRingMinBlocks
+    const int reg_blocks = plan.n_tiles == 1 ? 4 : 2;  // linear_ring.cu kRingMinBlocks
     const int64_t grid = CeilDiv(row_tiles, plan.warps_m) * groups * token_tiles * cluster;
     const int64_t blocks = std::clamp<int64_t>(CeilDiv(grid, sms), 1, reg_blocks);
     const int64_t per_block = (228 * 1024) / blocks - 1024;

@@ -28,9 +28,9 @@ namespace {
 constexpr int kRingStep = 128;  // K elements (= bytes) of a step: one FP8 scale-block column
 constexpr int kRingSlot = static_cast<int>(kRingTileBytes) + 16;  // 16 rows x 128 bytes + the block scale
 
-// Registers: one block of 8 warps per 64 (NW 1), 85 (NW 2) or 128 (NW 4) registers a thread.
+// Registers: 64 a thread (4 blocks of 8 warps per SM) for one token tile, 128 (2 blocks) for 2 or 4 (85 would spill).
 template <int NW>
-constexpr int kRingMinBlocks = NW == 1 ? 4 : NW == 2 ? 3 : 2;
+constexpr int kRingMinBlocks = NW == 1 ? 4 : 2;
 
 template <int NW, int kStages>
 __global__ void __launch_bounds__(32 * kSplitWarps, kRingMinBlocks<NW>) LinearRingKernel(const LinearParams p) {
@@ -100,17 +100,24 @@ __global__ void __launch_bounds__(32 * kSplitWarps, kRingMinBlocks<NW>) LinearRi
     CpAsyncCommit();
   }
 
-  // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin), 4 elements per thread and pass.
+  // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin): a thread takes 4 elements of every
+  // token row per pass, all rows' loads issued before the stores (no index division, one L2 round trip a pass).
   uint16_t* xs = reinterpret_cast<uint16_t*>(ring_smem);
   {
-    const int64_t quads = p.plan.k_slice / 4;
+    const int quads = static_cast<int>(p.plan.k_slice / 4);
     const int64_t k_base = static_cast<int64_t>(s_begin) * kRingStep;
-    for (int64_t idx = threadIdx.x; idx < kTokens * quads; idx += blockDim.x) {
-      const int64_t r = idx / quads, cc = (idx % quads) * 4;
-      const int64_t t = tok0 + r, k = k_base + cc;
-      uint2 v{0u, 0u};
-      if (t < p.t && k < p.k) v = LoadX4(p, t * p.x_stride + grp * p.k, k);
-      *reinterpret_cast<uint2*>(xs + r * pitch + XPos(cc)) = v;
+    const int64_t x_row0 = tok0 * p.x_stride + grp * p.k;
+    for (int cq = static_cast<int>(threadIdx.x); cq < quads; cq += static_cast<int>(blockDim.x)) {
+      const int64_t k = k_base + 4 * cq;
+      uint2 v[kTokens];
+#pragma unroll
+      for (int r = 0; r < kTokens; ++r) {
+        v[r] = uint2{0u, 0u};
+        if (tok0 + r < p.t && k < p.k) v[r] = LoadX4(p, x_row0 + r * p.x_stride, k);
+      }
+      const int pos = static_cast<int>(XPos(4 * cq));
+#pragma unroll
+      for (int r = 0; r < kTokens; ++r) *reinterpret_cast<uint2*>(xs + r * pitch + pos) = v[r];
     }
   }
   __syncthreads();
