@@ -68,7 +68,7 @@ ABSL_FLAG(std::string, json, "dsv4_gemm_bench.json", "JSON file of every result 
 ABSL_FLAG(std::string, tag, "", "free text recorded in the JSON file (e.g. the commit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the synthetic weights and inputs");
 ABSL_FLAG(std::string, once, "",
-          "for a profiler (ncu): launch each listed plan (auto, reg, tiled) once per shape and T, eagerly, with no "
+          "for a profiler (ncu): launch each listed plan (auto, ring, reg, tiled) once per shape and T, eagerly, with no "
           "timing, reference or peers, printing one line per launch in order, and exit");
 
 namespace dsv4::bench {
@@ -193,7 +193,7 @@ std::string Now() {
 
 // One timed column of a (shape, T) row.
 struct Cell {
-  std::string what{};  // "ours", "tiled", "m2", "s/2", "s*2", "lt_fp8", "lt_bf16"
+  std::string what{};  // "ours", "ring", "reg", "tiled", "st2", "m2", "s/2", "s*2", "lt_fp8", "lt_bf16"
   std::string plan{};  // the linear plan or the peer's note
   Result r{};
   Err err{};
@@ -484,9 +484,9 @@ void RunShape(Ctx& ctx, const Shape& sh) {
 
     if (ctx.variants) {
       std::vector<std::pair<std::string, LinearPlan>> plans;
-      // The other kernels, and plans around the automatic one: for the FP8 weight ring, the split-K kernel with
-      // its register ring ("reg", its own plan), the tiled kernel, other ring depths and half / double splits;
-      // otherwise the other kernel and split-K plans around the split-K one.
+      // The other kernels, and plans around them: for FP8 the weight ring ("ring"), the split-K kernel with its
+      // register ring ("reg") and the tiled kernel, each with its own plan, then ring depths and half / double
+      // splits around the ring's plan; for BF16 the other kernel and split-K plans around the split-K one.
       auto add_plan = [&](const std::string& what, const std::optional<LinearPlan>& p) {
         if (!p) return;
         const std::string pn = kernels::cuda::LinearPlanName(*p);
@@ -497,10 +497,14 @@ void RunShape(Ctx& ctx, const Shape& sh) {
         plans.emplace_back(what, *p);
       };
       const int gi = static_cast<int>(G);
-      if (auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK && auto_plan.stages > 0) {
+      const std::optional<LinearPlan> ring =
+          fp8 ? kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms) : std::nullopt;
+      if (ring) {
+        // FP8: the three kernels with their own plans, then ring plans around the ring's.
+        add_plan("ring", ring);
         add_plan("reg", kernels::cuda::PlanSplitKLinear(t, N, K, gi, ctx.sms));
         add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, gi, ctx.sms));
-        const int splits = auto_plan.warps_k * auto_plan.cluster;
+        const int splits = ring->warps_k * ring->cluster;
         for (int st = 2; st <= kernels::cuda::kMaxStages; ++st) {
           add_plan(absl::StrCat("st", st), kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms, splits, st));
         }
@@ -634,8 +638,9 @@ void RunShape(Ctx& ctx, const Shape& sh) {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_shape).count());
 }
 
-// --once: each plan kind of `kinds` once per T, in order (auto: AutoLinearPlan; reg: the split-K plan with the
-// register ring; tiled: the tiled kernel), so a profiler's launch list maps onto the printed lines.
+// --once: each plan kind of `kinds` once per T, in order (auto: AutoLinearPlan; ring: the FP8 weight ring; reg:
+// the split-K plan with the register ring; tiled: the tiled kernel), so a profiler's launch list maps onto the
+// printed lines.
 int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<int64_t>& tokens, int sms,
             const std::vector<std::string>& kinds, uint64_t seed) {
   const int64_t G = sh.groups, NT = sh.n * G, KT = sh.k * G;
@@ -656,6 +661,10 @@ int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<
         plan = *p;
       } else if (kind == "tiled") {
         plan = kernels::cuda::PlanTiledLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+      } else if (kind == "ring") {
+        std::optional<LinearPlan> p = kernels::cuda::PlanRingLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+        if (!p) continue;
+        plan = *p;
       }
       const LinearArgs a{.w = w->get(), .x = {.data = xg.data(), .dtype = DType::kF32}, .y = yg->as<float>(),
                          .t = t, .groups = static_cast<int>(G)};

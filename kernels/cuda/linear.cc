@@ -191,26 +191,32 @@ LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms)
   return PlanTiled(t, n, k, groups, sms);
 }
 
-// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md, 2026-12-01,
-// second pass; both kernels timed side by side in one run). Up to 8 tokens the split-K kernel wins on FP8 weights
-// of >= 8192 rows (wq_b 15.9 vs 20.5 us, wo_a 23.0 vs 26.3 us at T = 1) and of <= 512 rows (wkv 5.3 vs 6.9 us);
-// the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16 (by 5-25%). From 9 tokens the
-// split-K kernel wins (its x is staged once per block) except on 4096-row FP8 weights up to 32 tokens (wo_b,
-// shared w2: 2-15%). Prefill (> kSplitMaxTokens tokens) is tiled. cuBLASLt, faster at T >= 16 (bf16 on
-// dequantised weights) and on the largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not
-// called: docs/cuda-backend.md says why.
+// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md, 2026-12-01;
+// the three kernels timed side by side in one run, b7eed59). Up to 8 tokens the split-K kernel with its register
+// ring wins on FP8 weights of >= 8192 rows (wq_b 15.8 vs 20.6 us tiled, 21.3 ring, at T = 1; wo_a 23.0) and of
+// <= 512 rows (wkv 5.4 us); the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16. From 9
+// tokens the split-K kernel wins except on 4096-row FP8 weights up to 32 tokens (wo_b, shared w2, fused w1+w3:
+// tiled by 5-25%). The FP8 weight ring (linear_ring.cu) wins where many tokens meet a large weight: above 16
+// tokens on 32 MiB weights (wo_a 49.2 vs 55.6 us, wo_b 43.7 vs 51.7 at T = 32), above 32 on >= 16 MiB (fused
+// w1+w3 44.1 vs 51.4 at T = 64), above 64 on >= 6 MiB (shared w1 43.5 vs 50.8, wq_b 97 vs 106 at T = 128); it
+// loses below that (wq_b 21.3 vs 15.8 us at T = 1: bench/RESULTS.md has the ncu account). Prefill
+// (> kSplitMaxTokens tokens) is tiled. cuBLASLt, faster at T >= 16 (bf16 on dequantised weights) and on the
+// largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not called: docs/cuda-backend.md.
 LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format) {
   const int64_t rows = n * groups;
   const bool fp8 = format == LinearKernelFormat::kFp8;
+  if (fp8) {
+    const int64_t bytes = rows * k;
+    const int64_t ring_from = t > 64 ? int64_t{6} << 20 : t > 32 ? int64_t{16} << 20 : t > 16 ? int64_t{32} << 20 : -1;
+    if (ring_from > 0 && bytes >= ring_from) {
+      if (std::optional<LinearPlan> plan = PlanRingLinear(t, n, k, groups, sms)) return *plan;
+    }
+  }
   bool split = true;
   if (t <= 8) {
     split = fp8 && (rows >= 8192 || rows <= 512);
   } else if (t <= 32) {
     split = !(fp8 && groups == 1 && rows >= 4096 && rows < 8192);
-  }
-  if (fp8) {
-    // FP8 decode (T <= kSplitMaxTokens): the weight-ring kernel.
-    if (std::optional<LinearPlan> plan = PlanRingLinear(t, n, k, groups, sms)) return *plan;
   }
   if (split) {
     if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) return *plan;
