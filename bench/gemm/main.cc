@@ -6,8 +6,10 @@
 // the same weight), GB/s and % of the device-to-device copy bandwidth measured in the same run for the op's floor
 // bytes (the weight as stored + x f32 + y f32, the same for every column), the time over that floor, and the
 // relative error (by norm, over the first --ref_tokens tokens) against the CPU backend's Linear on the same
-// inputs. --variants also times the tiled kernel and split-K plans around the automatic one (the data the
-// planner's choices rest on). docs/cuda-backend.md ("The linear's speed") and bench/RESULTS.md have the results.
+// inputs. --variants also times the other kernels (FP8: the weight ring, the split-K kernel's register ring and
+// the tiled kernel, each with its own plan; ring depths and half / double splits) beside the automatic one (the
+// data the planner's choices rest on); --once launches plans once each for a profiler. docs/cuda-backend.md
+// ("The linear's speed") and bench/RESULTS.md have the results.
 //
 //   dsv4-gemm-bench --config=configs/flash.json            TP 1 and TP 4, T = 1 .. 128, peers and variants
 //   dsv4-gemm-bench --plans                                the automatic plans only (no GPU needed)
