@@ -5,8 +5,8 @@
 #   bash .gpu/fast-gemm/run.sh "$OUT"                    # tests, memcheck, bench (about 3 minutes)
 #   STEPS="bench" ARGS="--only=wq_b --tokens=1,32" bash .gpu/fast-gemm/run.sh "$OUT"
 # Steps: tests (cuda_ops_test Dense* + the MoE cases that run the shared expert's linears, cuda_model_test),
-# memcheck (compute-sanitizer on the odd shapes, the weight ring'''s edges and the refused plans), bench (dsv4-gemm-bench, TP 1 and TP 4, peers,
-# variants). Each step writes <step>.txt under $OUT; the bench also gemm.md and gemm.json.
+# memcheck (compute-sanitizer on the odd shapes, the weight ring at its edges and the refused plans), bench
+# (dsv4-gemm-bench, TP 1 and TP 4, peers, variants). Each step writes <step>.txt under $OUT; the bench also gemm.md and gemm.json.
 set -uo pipefail
 OUT=${1:-${OUT:-out}}
 mkdir -p "$OUT"
