@@ -6,8 +6,10 @@
 // the same weight), GB/s and % of the device-to-device copy bandwidth measured in the same run for the op's floor
 // bytes (the weight as stored + x f32 + y f32, the same for every column), the time over that floor, and the
 // relative error (by norm, over the first --ref_tokens tokens) against the CPU backend's Linear on the same
-// inputs. --variants also times the tiled kernel and split-K plans around the automatic one (the data the
-// planner's choices rest on). docs/cuda-backend.md ("The linear's speed") and bench/RESULTS.md have the results.
+// inputs. --variants also times the other kernels (FP8: the weight ring, the split-K kernel's register ring and
+// the tiled kernel, each with its own plan; ring depths and half / double splits) beside the automatic one (the
+// data the planner's choices rest on); --once launches plans once each for a profiler. docs/cuda-backend.md
+// ("The linear's speed") and bench/RESULTS.md have the results.
 //
 //   dsv4-gemm-bench --config=configs/flash.json            TP 1 and TP 4, T = 1 .. 128, peers and variants
 //   dsv4-gemm-bench --plans                                the automatic plans only (no GPU needed)
@@ -67,6 +69,9 @@ ABSL_FLAG(int, sms, 132, "SMs assumed by --plans");
 ABSL_FLAG(std::string, json, "dsv4_gemm_bench.json", "JSON file of every result (empty: none)");
 ABSL_FLAG(std::string, tag, "", "free text recorded in the JSON file (e.g. the commit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the synthetic weights and inputs");
+ABSL_FLAG(std::string, once, "",
+          "for a profiler (ncu): launch each listed plan (auto, ring, reg, tiled) once per shape and T, eagerly, with no "
+          "timing, reference or peers, printing one line per launch in order, and exit");
 
 namespace dsv4::bench {
 namespace {
@@ -190,7 +195,7 @@ std::string Now() {
 
 // One timed column of a (shape, T) row.
 struct Cell {
-  std::string what{};  // "ours", "tiled", "m2", "s/2", "s*2", "lt_fp8", "lt_bf16"
+  std::string what{};  // "ours", "ring", "reg", "tiled", "st2", "m2", "s/2", "s*2", "lt_fp8", "lt_bf16"
   std::string plan{};  // the linear plan or the peer's note
   Result r{};
   Err err{};
@@ -481,35 +486,51 @@ void RunShape(Ctx& ctx, const Shape& sh) {
 
     if (ctx.variants) {
       std::vector<std::pair<std::string, LinearPlan>> plans;
-      // The other kernel, and split-K plans around the split-K plan (the automatic one or the default).
-      const std::optional<LinearPlan> split = auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK
-                                                  ? std::optional<LinearPlan>(auto_plan)
-                                                  : kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms);
-      auto add_plan = [&](const std::string& what, const LinearPlan& p) {
-        const std::string pn = kernels::cuda::LinearPlanName(p);
+      // The other kernels, and plans around them: for FP8 the weight ring ("ring"), the split-K kernel with its
+      // register ring ("reg") and the tiled kernel, each with its own plan, then ring depths and half / double
+      // splits around the ring's plan; for BF16 the other kernel and split-K plans around the split-K one.
+      auto add_plan = [&](const std::string& what, const std::optional<LinearPlan>& p) {
+        if (!p) return;
+        const std::string pn = kernels::cuda::LinearPlanName(*p);
         if (pn == kernels::cuda::LinearPlanName(auto_plan)) return;
         for (const auto& [w, q] : plans) {
           if (kernels::cuda::LinearPlanName(q) == pn) return;
         }
-        plans.emplace_back(what, p);
+        plans.emplace_back(what, *p);
       };
-      if (auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK) {
-        add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, static_cast<int>(G), ctx.sms));
-      } else if (split) {
-        add_plan("splitk", *split);
-      }
-      if (split) {
-        const int splits = split->warps_k * split->cluster;
-        auto add = [&](const std::string& what, int m_tiles, int s) {
-          if (s < 1 || s > 64) return;
-          if (std::optional<LinearPlan> p =
-                  kernels::cuda::PlanSplitKLinear(t, N, K, static_cast<int>(G), ctx.sms, m_tiles, s)) {
-            add_plan(what, *p);
-          }
-        };
-        add(split->m_tiles == 1 ? "m2" : "m1", split->m_tiles == 1 ? 2 : 1, splits);
-        add("s/2", split->m_tiles, splits / 2);
-        add("s*2", split->m_tiles, splits * 2);
+      const int gi = static_cast<int>(G);
+      const std::optional<LinearPlan> ring =
+          fp8 ? kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms) : std::nullopt;
+      if (ring) {
+        // FP8: the three kernels with their own plans, then ring plans around the ring's.
+        add_plan("ring", ring);
+        add_plan("reg", kernels::cuda::PlanSplitKLinear(t, N, K, gi, ctx.sms));
+        add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, gi, ctx.sms));
+        const int splits = ring->warps_k * ring->cluster;
+        for (int st = 2; st <= kernels::cuda::kMaxStages; ++st) {
+          add_plan(absl::StrCat("st", st), kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms, splits, st));
+        }
+        if (splits > 1) add_plan("s/2", kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms, splits / 2));
+        add_plan("s*2", kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms, splits * 2));
+      } else {
+        const std::optional<LinearPlan> split = auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK
+                                                    ? std::optional<LinearPlan>(auto_plan)
+                                                    : kernels::cuda::PlanSplitKLinear(t, N, K, gi, ctx.sms);
+        if (auto_plan.kernel == kernels::cuda::LinearKernel::kSplitK) {
+          add_plan("tiled", kernels::cuda::PlanTiledLinear(t, N, K, gi, ctx.sms));
+        } else {
+          add_plan("splitk", split);
+        }
+        if (split) {
+          const int splits = split->warps_k * split->cluster;
+          auto add = [&](const std::string& what, int m_tiles, int s) {
+            if (s < 1 || s > 64) return;
+            add_plan(what, kernels::cuda::PlanSplitKLinear(t, N, K, gi, ctx.sms, m_tiles, s));
+          };
+          add(split->m_tiles == 1 ? "m2" : "m1", split->m_tiles == 1 ? 2 : 1, splits);
+          add("s/2", split->m_tiles, splits / 2);
+          add("s*2", split->m_tiles, splits * 2);
+        }
       }
       for (const auto& [what, plan] : plans) {
         auto err = std::make_shared<absl::Status>();
@@ -619,6 +640,47 @@ void RunShape(Ctx& ctx, const Shape& sh) {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t_shape).count());
 }
 
+// --once: each plan kind of `kinds` once per T, in order (auto: AutoLinearPlan; ring: the FP8 weight ring; reg:
+// the split-K plan with the register ring; tiled: the tiled kernel), so a profiler's launch list maps onto the
+// printed lines.
+int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<int64_t>& tokens, int sms,
+            const std::vector<std::string>& kinds, uint64_t seed) {
+  const int64_t G = sh.groups, NT = sh.n * G, KT = sh.k * G;
+  const int64_t max_t = *std::max_element(tokens.begin(), tokens.end());
+  const HostLinear host = SynthLinear("bench." + sh.names[0], sh.format, NT, sh.k, seed);
+  absl::StatusOr<LinearHandle> w = cuda.PrepareLinear(host.view);
+  if (!w.ok()) return 1;
+  Buffer xg = Upload(cuda, RandomFloats(max_t * KT, seed + 1));
+  absl::StatusOr<Buffer> yg = cuda.Allocate(max_t * NT * 4, MemoryKind::kWorkspace);
+  if (!yg.ok()) return 1;
+  int failures = 0;
+  for (const int64_t t : tokens) {
+    for (const std::string& kind : kinds) {
+      LinearPlan plan = kernels::cuda::AutoLinearPlan(t, sh.n, sh.k, static_cast<int>(G), sms, KernelFormat(sh));
+      if (kind == "reg") {
+        std::optional<LinearPlan> p = kernels::cuda::PlanSplitKLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+        if (!p) continue;
+        plan = *p;
+      } else if (kind == "tiled") {
+        plan = kernels::cuda::PlanTiledLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+      } else if (kind == "ring") {
+        std::optional<LinearPlan> p = kernels::cuda::PlanRingLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+        if (!p) continue;
+        plan = *p;
+      }
+      const LinearArgs a{.w = w->get(), .x = {.data = xg.data(), .dtype = DType::kF32}, .y = yg->as<float>(),
+                         .t = t, .groups = static_cast<int>(G)};
+      const absl::Status st = kernels::cuda::LaunchLinearWithPlan(a, &plan, gpu.stream());
+      const absl::Status done = cuda.Synchronize();
+      std::printf("once: %s %s T=%lld %s: %s\n", sh.names[0].c_str(), ShapeName(sh).c_str(),
+                  static_cast<long long>(t), kernels::cuda::LinearPlanName(plan).c_str(),
+                  st.ok() && done.ok() ? "ok" : (st.ok() ? done : st).ToString().c_str());
+      if (!st.ok() || !done.ok()) ++failures;
+    }
+  }
+  return failures;
+}
+
 absl::StatusOr<Config> ReadConfig(const std::string& path) {
   if (path.empty()) return Config{};
   std::ifstream in(path);
@@ -667,6 +729,15 @@ int Main() {
   }
   Backend& cuda = **made;
   auto& gpu = static_cast<CudaBackend&>(cuda);
+  if (const std::string once = absl::GetFlag(FLAGS_once); !once.empty()) {
+    const std::vector<std::string> kinds = absl::StrSplit(once, ',', absl::SkipEmpty());
+    const DeviceInfo info = GetDeviceInfo(cuda);
+    int failures = 0;
+    for (const Shape& s : shapes) {
+      failures += RunOnce(cuda, gpu, s, tokens, info.sms > 0 ? info.sms : 132, kinds, absl::GetFlag(FLAGS_seed));
+    }
+    return failures == 0 ? 0 : 1;
+  }
   const int threads = absl::GetFlag(FLAGS_threads) > 0 ? absl::GetFlag(FLAGS_threads)
                                                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::unique_ptr<Backend> cpu = kernels::cpu::MakeCpuBackend(threads);

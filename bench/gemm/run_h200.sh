@@ -5,8 +5,8 @@
 #   bash .gpu/fast-gemm/run.sh "$OUT"                    # tests, memcheck, bench (about 3 minutes)
 #   STEPS="bench" ARGS="--only=wq_b --tokens=1,32" bash .gpu/fast-gemm/run.sh "$OUT"
 # Steps: tests (cuda_ops_test Dense* + the MoE cases that run the shared expert's linears, cuda_model_test),
-# memcheck (compute-sanitizer on the split-K forced-plan tests), bench (dsv4-gemm-bench, TP 1 and TP 4, peers,
-# variants). Each step writes <step>.txt under $OUT; the bench also gemm.md and gemm.json.
+# memcheck (compute-sanitizer on the odd shapes, the weight ring at its edges and the refused plans), bench
+# (dsv4-gemm-bench, TP 1 and TP 4, peers, variants). Each step writes <step>.txt under $OUT; the bench also gemm.md and gemm.json.
 set -uo pipefail
 OUT=${1:-${OUT:-out}}
 mkdir -p "$OUT"
@@ -31,7 +31,7 @@ for step in $STEPS; do
       grep -E "^\[  (PASSED|FAILED)|ran\.|FAILED  \]" "$OUT/model.txt" | tail -6 ;;
     memcheck)
       timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/bin/cuda_ops_test" --gtest_brief=1 \
-        --gtest_filter='DenseLinear.Fp8OddShapesAndStrides:DenseLinear.SplitKForcedPlans:DenseLinear.BadPlansAreRefused' \
+        --gtest_filter='DenseLinear.Fp8OddShapesAndStrides:DenseLinear.RingPlansAtEdges:DenseLinear.BadPlansAreRefused' \
         > "$OUT/memcheck.txt" 2>&1
       note "memcheck" $?
       grep -E "ERROR SUMMARY|PASSED|FAILED" "$OUT/memcheck.txt" | tail -4 ;;

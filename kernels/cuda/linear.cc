@@ -77,9 +77,11 @@ absl::Status CheckPlan(const LinearPlan& pl, int64_t t, int64_t n, int64_t k, in
     }
     return absl::OkStatus();
   }
+  const bool stages_ok = pl.stages == 0 || (pl.stages >= 2 && pl.stages <= kMaxStages && pl.m_tiles == 1);
+  const int64_t smem_limit = pl.stages > 0 ? internal::LinearMaxSharedBytes() : kSplitMaxSharedBytes;
   if (pl.warps_m * pl.warps_k > kSplitWarps || !PowerOfTwo(pl.cluster) || pl.cluster > 8 || pl.k_slice < 128 ||
-      pl.k_slice % 128 != 0 || pl.cluster * pl.k_slice < k ||
-      internal::LinearSharedBytes(pl) > kSplitMaxSharedBytes || CeilDiv(n, rows_per_block) * groups > 65535) {
+      pl.k_slice % 128 != 0 || pl.cluster * pl.k_slice < k || !stages_ok ||
+      internal::LinearSharedBytes(pl) > smem_limit || CeilDiv(n, rows_per_block) * groups > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " over its limits for [",
                                                    n, ", ", k, "] x ", groups, " groups"));
   }
@@ -93,7 +95,7 @@ std::string LinearPlanName(const LinearPlan& pl) {
     return absl::StrCat("tiled m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k);
   }
   return absl::StrCat("splitk m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k, " c",
-                      pl.cluster, " ks", pl.k_slice);
+                      pl.cluster, " ks", pl.k_slice, pl.stages > 0 ? absl::StrCat(" st", pl.stages) : "");
 }
 
 std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int m_tiles,
@@ -130,21 +132,86 @@ std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int 
   return plan;
 }
 
+// FP8 decode through the weight ring (linear_ring.cu). ncu on the H200 (bench/RESULTS.md) put the split-K kernel
+// at ~15 warps per SM, each issuing an instruction every ~7 cycles: the ring kernel's cheap steps pay off with
+// more warps in flight, so the plan aims at 32 warps per SM up to 8 tokens (16 above: x staging grows), each warp
+// with at least two 128-wide steps; stages: the most (<= kMaxStages) that keep the blocks an SM can hold (by
+// registers, and by the grid's size) in its shared memory.
+std::optional<LinearPlan> PlanRingLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int splits,
+                                         int stages) {
+  if (t < 1 || t > kSplitMaxTokens || n < 1 || k < 1 || groups < 1) return std::nullopt;
+  if (splits != 0 && (!PowerOfTwo(splits) || splits > 32)) return std::nullopt;
+  if (stages != 0 && (stages < 2 || stages > kMaxStages)) return std::nullopt;
+  LinearPlan plan{.kernel = LinearKernel::kSplitK, .m_tiles = 1};
+  plan.n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : 4;
+  const int64_t token_tiles = CeilDiv(t, 8 * plan.n_tiles);
+  const int64_t row_tiles = CeilDiv(n, 16);
+  const int64_t tiles = row_tiles * groups * token_tiles;
+  const int64_t chunks = CeilDiv(k, 128);
+  int s = splits;
+  if (s == 0) {
+    const int64_t want = int64_t{t <= 8 ? 32 : 16} * sms;
+    s = 1;
+    while (s < 32 && 4 * s <= chunks && tiles * 2 * s <= want) s *= 2;
+  }
+  // Every block stages x[tokens, K slice] from global memory: splitting K over the warps of a block makes more,
+  // smaller row blocks (more x reads per weight byte), over a cluster it does not. One or two tokens read
+  // almost no x: warps first (no cluster barrier); more tokens: the cluster first.
+  int warps_k = t <= 2 ? std::min(s, 4) : std::max(1, s / 8);
+  int cluster = s / warps_k;
+  if (cluster > 8) return std::nullopt;
+  // The block's x slice must fit (kSplitXBytes, so the register ring can run the same plan): a larger cluster
+  // makes it shorter.
+  while (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes && cluster < 8) {
+    if (warps_k > 1) warps_k /= 2;
+    cluster *= 2;
+  }
+  if (SplitXBytes(plan.n_tiles, CeilDiv(chunks, cluster) * 128) > kSplitXBytes) return std::nullopt;
+  plan.cluster = cluster;
+  plan.warps_k = warps_k;
+  plan.k_slice = CeilDiv(chunks, cluster) * 128;
+  plan.warps_m = std::min(kSplitWarps / warps_k, NextPow2(row_tiles));
+  if (stages == 0) {
+    const int reg_blocks = plan.n_tiles == 1 ? 4 : 2;  // linear_ring.cu kRingMinBlocks
+    const int64_t grid = CeilDiv(row_tiles, plan.warps_m) * groups * token_tiles * cluster;
+    const int64_t blocks = std::clamp<int64_t>(CeilDiv(grid, sms), 1, reg_blocks);
+    const int64_t per_block = (228 * 1024) / blocks - 1024;
+    stages = kMaxStages;
+    for (; stages > 2; --stages) {
+      plan.stages = stages;
+      if (internal::LinearSharedBytes(plan) <= per_block) break;
+    }
+  }
+  plan.stages = stages;
+  if (internal::LinearSharedBytes(plan) > kStreamMaxSharedBytes) return std::nullopt;
+  return plan;
+}
+
 LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms) {
   return PlanTiled(t, n, k, groups, sms);
 }
 
-// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md, 2026-12-01,
-// second pass; both kernels timed side by side in one run). Up to 8 tokens the split-K kernel wins on FP8 weights
-// of >= 8192 rows (wq_b 15.9 vs 20.5 us, wo_a 23.0 vs 26.3 us at T = 1) and of <= 512 rows (wkv 5.3 vs 6.9 us);
-// the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16 (by 5-25%). From 9 tokens the
-// split-K kernel wins (its x is staged once per block) except on 4096-row FP8 weights up to 32 tokens (wo_b,
-// shared w2: 2-15%). Prefill (> kSplitMaxTokens tokens) is tiled. cuBLASLt, faster at T >= 16 (bf16 on
-// dequantised weights) and on the largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not
-// called: docs/cuda-backend.md says why.
+// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md, 2026-12-01;
+// the three kernels timed side by side in one run, b7eed59). Up to 8 tokens the split-K kernel with its register
+// ring wins on FP8 weights of >= 8192 rows (wq_b 15.8 vs 20.6 us tiled, 21.3 ring, at T = 1; wo_a 23.0) and of
+// <= 512 rows (wkv 5.4 us); the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16. From 9
+// tokens the split-K kernel wins except on 4096-row FP8 weights up to 32 tokens (wo_b, shared w2, fused w1+w3:
+// tiled by 5-25%). The FP8 weight ring (linear_ring.cu) wins where many tokens meet a large weight: above 16
+// tokens on 32 MiB weights (wo_a 49.2 vs 55.6 us, wo_b 43.7 vs 51.7 at T = 32), above 32 on >= 16 MiB (fused
+// w1+w3 44.1 vs 51.4 at T = 64), above 64 on >= 6 MiB (shared w1 43.5 vs 50.8, wq_b 97 vs 106 at T = 128); it
+// loses below that (wq_b 21.3 vs 15.8 us at T = 1: bench/RESULTS.md has the ncu account). Prefill
+// (> kSplitMaxTokens tokens) is tiled. cuBLASLt, faster at T >= 16 (bf16 on dequantised weights) and on the
+// largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not called: docs/cuda-backend.md.
 LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format) {
   const int64_t rows = n * groups;
   const bool fp8 = format == LinearKernelFormat::kFp8;
+  if (fp8) {
+    const int64_t bytes = rows * k;
+    const int64_t ring_from = t > 64 ? int64_t{6} << 20 : t > 32 ? int64_t{16} << 20 : t > 16 ? int64_t{32} << 20 : -1;
+    if (ring_from > 0 && bytes >= ring_from) {
+      if (std::optional<LinearPlan> plan = PlanRingLinear(t, n, k, groups, sms)) return *plan;
+    }
+  }
   bool split = true;
   if (t <= 8) {
     split = fp8 && (rows >= 8192 || rows <= 512);
@@ -243,6 +310,16 @@ absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, c
     }
   } else {
     pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
+    if (pl.kernel == LinearKernel::kSplitK && pl.stages > 0) {
+      // The ring streams FP8 only, with cp.async of whole 16-byte units (vec), one block scale per 16-row tile
+      // (groups == 1 or N % 16 == 0), and within this device's shared memory; otherwise the register ring.
+      if (format != LinearKernelFormat::kFp8 || !vec || (a.groups > 1 && n % 16 != 0)) {
+        pl.stages = 0;
+      } else {
+        while (pl.stages > 2 && internal::LinearSharedBytes(pl) > internal::LinearMaxSharedBytes()) --pl.stages;
+        if (internal::LinearSharedBytes(pl) > internal::LinearMaxSharedBytes()) pl.stages = 0;
+      }
+    }
     DSV4_RETURN_IF_ERROR(CheckPlan(pl, a.t, n, k, a.groups));
   }
   const LinearParams p{.format = format, .w = w->data(), .scale = w->scale(), .scale_cols = CeilDiv(k, kBlock),

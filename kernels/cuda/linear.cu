@@ -15,45 +15,22 @@
 //
 // Split K in the tiled kernel: a block's warps_k warps take every warps_k-th step of the same tiles and add their
 // partial sums in shared memory in a fixed order, so results are deterministic. The split-K kernel
-// (LinearSplitKernel, below) stages x in shared memory and splits K over a thread-block cluster as well.
+// (LinearSplitKernel, below) stages x in shared memory and splits K over a thread-block cluster as well; its FP8
+// variant with the weights streamed through a shared-memory ring is linear_ring.cu. Shared device helpers:
+// linear_device.cuh.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
+#include "kernels/cuda/linear_device.cuh"
 #include "kernels/cuda/linear_params.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
-
-constexpr int kStepK = 64;       // K elements per step (4 threads x 16)
-constexpr int kScaleBlock = 128;
-
-__device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// Four e4m3 bytes (little-endian) -> two bf16x2 words, exactly (subnormals included).
-__device__ __forceinline__ void E4m3x4ToBf16(uint32_t v, uint32_t& lo, uint32_t& hi) {
-  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
-  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
-  const float2 f0 = __half22float2(__half2(h0));
-  const float2 f1 = __half22float2(__half2(h1));
-  lo = PackBf16x2(f0.x, f0.y);
-  hi = PackBf16x2(f1.x, f1.y);
-}
 
 // Raw 32-bit words one thread loads per weight row per step: 16 e4m3 bytes or 16 bf16 values.
 template <LinearKernelFormat F>
@@ -305,80 +282,17 @@ constexpr int kSub = F == LinearKernelFormat::kFp8 ? 2 : 1;
 template <LinearKernelFormat F, int MW>
 constexpr int kRing = 16 / (MW * kSub<F> * kRawWords<F>) > 0 ? 16 / (MW * kSub<F> * kRawWords<F>) : 1;
 
-// Shared-memory position of x element e of a block's slice row (the unit swizzle above).
-__device__ __forceinline__ int64_t XPos(int64_t e) {
-  const int64_t w = (e >> 4) & 7;
-  return (e & ~int64_t{127}) | ((w ^ ((w >> 2) & 1)) << 4) | (e & 15);
-}
-
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Barrier over every thread of the cluster; the arrive releases and the wait acquires the blocks' shared memory.
-__device__ __forceinline__ void ClusterSync() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
-#else
-  __trap();
-#endif
-}
-
-// The float at `local`'s offset in the shared memory of cluster block `rank`.
-__device__ __forceinline__ float LoadClusterShared(const float* local, uint32_t rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SharedAddress(local)), "r"(rank));
-  float v;
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-#else
-  (void)rank;
-  __trap();
-  return *local;
-#endif
-}
-
-// Four x elements [k, k + 4) of row `off` (element offset of the row's group start) as two bf16x2 words; zeros
-// past Kin.
-__device__ __forceinline__ uint2 LoadX4(const LinearParams& p, int64_t off, int64_t k) {
-  uint2 out{0u, 0u};
-  if (p.vec && k + 4 <= p.k) {
-    if (p.x_bf16) {
-      out = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + off + k));
-    } else {
-      const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + off + k));
-      out.x = PackBf16x2(v.x, v.y);
-      out.y = PackBf16x2(v.z, v.w);
-    }
-    return out;
-  }
-  float v[4];
-#pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    v[e] = 0.f;
-    if (k + e < p.k) {
-      v[e] = p.x_bf16 ? __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(p.x)[off + k + e]))
-                      : static_cast<const float*>(p.x)[off + k + e];
-    }
-  }
-  out.x = PackBf16x2(v[0], v[1]);
-  out.y = PackBf16x2(v[2], v[3]);
-  return out;
-}
-
 template <LinearKernelFormat F, int MW, int NW>
 __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const LinearParams p) {
   extern __shared__ __align__(16) unsigned char split_smem[];
   constexpr int kRaw = kRawWords<F>;
   constexpr int kS = kSub<F>;
   constexpr int kStep = kStepK * kS;  // K elements per step
-  constexpr int kAcc = MW * NW * 4;
   constexpr int kTokens = 8 * NW;
   constexpr int kD = kRing<F, MW>;
   constexpr bool kFp8 = F == LinearKernelFormat::kFp8;
   constexpr int64_t kEsize = kFp8 ? 1 : 2;
-  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m, cluster = p.plan.cluster;
+  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wk = warp % warps_k, wm = warp / warps_k;
   const int g = lane >> 2, q = lane & 3;
@@ -514,88 +428,8 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
     }
   }
 
-  // c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
-  if (warps_k * cluster == 1) {
-#pragma unroll
-    for (int i = 0; i < MW; ++i)
-#pragma unroll
-      for (int jn = 0; jn < NW; ++jn)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
-          const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
-          if (r < p.n && t < p.t) p.y[t * p.y_stride + grp * p.n + r] = acc[i][jn][c];
-        }
-    return;
-  }
-
-  // Split: every warp parks its partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c). Then, in a fixed
-  // order: each block adds its warps_k warps' sums (in place, into warp (wm, 0)'s slot), and after a cluster
-  // barrier the cluster adds the blocks' sums in rank order (distributed shared memory). All loads of a sum are
-  // issued before its adds, so a sum costs one load latency, not one per term.
   float* red = reinterpret_cast<float*>(split_smem + ((kTokens * pitch * 2 + 15) / 16) * 16);
-  {
-    float* dst = red + static_cast<int64_t>(wm * warps_k + wk) * kAcc * 32 + lane;
-#pragma unroll
-    for (int i = 0; i < MW; ++i)
-#pragma unroll
-      for (int jn = 0; jn < NW; ++jn)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) dst[32 * ((i * NW + jn) * 4 + c)] = acc[i][jn][c];
-  }
-  __syncthreads();
-  const int64_t block_row0 = (blockIdx.z % row_blocks) * rows_per_block;
-  const int total = warps_m * kAcc * 32;
-  // Element e of the block's tile: warp row em, accumulator v, lane el -> output (row r, token t), or false.
-  auto element = [&](int e, int& em, int& v, int& el, int64_t& r, int64_t& t) {
-    em = e / (kAcc * 32), v = (e / 32) % kAcc, el = e % 32;
-    const int i = v / (NW * 4), jn = (v / 4) % NW, c = v % 4;
-    r = block_row0 + int64_t{16} * MW * em + 16 * i + (el >> 2) + 8 * (c / 2);
-    t = tok0 + 8 * jn + 2 * (el & 3) + (c % 2);
-    return r < p.n && t < p.t;
-  };
-  if (warps_k > 1) {
-    for (int e = static_cast<int>(threadIdx.x); e < total; e += static_cast<int>(blockDim.x)) {
-      int em, v, el;
-      int64_t r, t;
-      if (!element(e, em, v, el, r, t)) continue;
-      float part[kSplitWarps];
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w) {
-        part[w] = w < warps_k ? red[(static_cast<int64_t>(em * warps_k + w) * kAcc + v) * 32 + el] : 0.f;
-      }
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w) {
-        if (w < warps_k) sum += part[w];
-      }
-      if (cluster == 1) {
-        p.y[t * p.y_stride + grp * p.n + r] = sum;
-      } else {
-        red[(static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el] = sum;
-      }
-    }
-  }
-  if (cluster == 1) return;
-  ClusterSync();
-  for (int e = rank * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); e < total;
-       e += cluster * static_cast<int>(blockDim.x)) {
-    int em, v, el;
-    int64_t r, t;
-    if (!element(e, em, v, el, r, t)) continue;
-    const float* src = red + (static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el;
-    float part[8];
-#pragma unroll
-    for (int b = 0; b < 8; ++b) part[b] = b < cluster ? LoadClusterShared(src, static_cast<uint32_t>(b)) : 0.f;
-    float sum = 0.f;
-#pragma unroll
-    for (int b = 0; b < 8; ++b) {
-      if (b < cluster) sum += part[b];
-    }
-    p.y[t * p.y_stride + grp * p.n + r] = sum;
-  }
-  // No block may leave while another still reads its shared memory.
-  ClusterSync();
+  SplitEpilogue<MW, NW>(p, acc, red, (blockIdx.z % row_blocks) * rows_per_block, row0, tok0, grp, wm, wk, lane, rank);
 }
 
 // F32 weights: one warp per output row, 4 tokens at a time, plain fp32 FMAs (x not rounded).
@@ -698,12 +532,26 @@ int64_t LinearSharedBytes(const LinearPlan& plan) {
   if (plan.kernel == LinearKernel::kTiled) return plan.warps_m * (plan.warps_k - 1) * acc_bytes;
   const int64_t x_bytes = (int64_t{8} * plan.n_tiles * (plan.k_slice + 4) * 2 + 15) / 16 * 16;
   const bool split = plan.warps_k * plan.cluster > 1;
-  return x_bytes + (split ? int64_t{plan.warps_m} * plan.warps_k * acc_bytes : 0);
+  // The FP8 weight ring (linear_ring.cu): per warp `stages` slots of one 16-row tile + its block scale.
+  const int64_t ring_bytes =
+      plan.stages > 0 ? int64_t{plan.warps_m} * plan.warps_k * plan.stages * (kRingTileBytes + 16) : 0;
+  return x_bytes + (split ? int64_t{plan.warps_m} * plan.warps_k * acc_bytes : 0) + ring_bytes;
+}
+
+int64_t LinearMaxSharedBytes() {
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess || optin <= 0) {
+    return kSplitMaxSharedBytes;
+  }
+  return std::min<int64_t>(optin, kStreamMaxSharedBytes);
 }
 
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream) {
   switch (p.format) {
-    case LinearKernelFormat::kFp8: return LaunchMmaFormat<LinearKernelFormat::kFp8>(p, stream);
+    case LinearKernelFormat::kFp8:
+      if (p.plan.kernel == LinearKernel::kSplitK && p.plan.stages > 0) return LaunchLinearRingKernel(p, stream);
+      return LaunchMmaFormat<LinearKernelFormat::kFp8>(p, stream);
     case LinearKernelFormat::kBf16: return LaunchMmaFormat<LinearKernelFormat::kBf16>(p, stream);
     case LinearKernelFormat::kF32: {
       const dim3 grid(static_cast<unsigned>((p.n + kF32Warps - 1) / kF32Warps),

@@ -43,7 +43,13 @@ LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, 
 std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int m_tiles = 0,
                                            int splits = 0);
 LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms);
-// "splitk m1 n1 w8x1 c2 ks512", "tiled m2 n1 w8x1".
+// The FP8 weight-ring plan (kSplitK, stages > 0, linear_ring.cu) with splits = cluster * warps_k (a power of two
+// <= 32; 0: chosen) and stages (2..kMaxStages; 0: chosen for the H200's shared memory); nullopt above
+// kSplitMaxTokens or where it cannot fit. LaunchLinear runs such a plan with the register ring where the ring
+// cannot (not FP8, unaligned rows, a 16-row tile across two scale blocks, less shared memory).
+std::optional<LinearPlan> PlanRingLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int splits = 0,
+                                         int stages = 0);
+// "splitk m1 n1 w8x1 c2 ks512 st4", "tiled m2 n1 w8x1".
 std::string LinearPlanName(const LinearPlan& plan);
 // LaunchLinear with `plan` instead of the automatic one (null: automatic); the plan is checked against its
 // limits first (InvalidArgument). F32 weights ignore it.

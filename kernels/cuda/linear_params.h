@@ -21,7 +21,8 @@ enum class LinearKernelFormat { kFp8, kBf16, kF32 };
 //   kTiled  - the first kernel: every warp loads its weights and x straight from global memory, one step ahead;
 //             K split over the warps of a block. Kept for prefill (T > kSplitMaxTokens) where it has tiles to spare.
 //   kSplitK - decode (T <= kSplitMaxTokens): x staged once per block in shared memory as bf16, each warp keeps
-//             several 64-wide weight steps in flight, K split over the warps of a block AND over the blocks of a
+//             several 64-wide weight steps in flight (in registers, or for FP8 with stages > 0 in a shared-memory
+//             ring filled by cp.async), K split over the warps of a block AND over the blocks of a
 //             thread-block cluster (up to 8), the partial sums added through distributed shared memory in a
 //             fixed order, so every weight shape fills the GPU and results are deterministic.
 enum class LinearKernel { kTiled, kSplitK };
@@ -33,6 +34,14 @@ inline constexpr int64_t kSplitMaxTokens = 128;
 inline constexpr int kSplitWarps = 8;
 inline constexpr int64_t kSplitXBytes = 68 * 1024;
 inline constexpr int64_t kSplitMaxSharedBytes = kSplitXBytes + 16 + 32 * 1024;
+// FP8 split-K plans with a shared-memory weight ring (LinearPlan::stages > 0, linear_ring.cu): each warp streams
+// its 16-row x 128-K steps (kRingTileBytes) with cp.async into `stages` slots of its own (each + 16 bytes for the
+// step's block scale), so the bytes in flight no longer depend on registers. A block may then use up to
+// kStreamMaxSharedBytes (the H100/H200 opt-in limit; a device with less gets fewer stages or the register ring:
+// linear.cc).
+inline constexpr int64_t kRingTileBytes = 2048;
+inline constexpr int64_t kStreamMaxSharedBytes = 227 * 1024;
+inline constexpr int kMaxStages = 4;
 
 // Work split of the tensor-core kernels, planned on the host from (groups, N, T, Kin): each warp computes
 // 16*m_tiles rows x 8*n_tiles tokens over its share of the 64-wide K steps. kTiled: a block holds warps_m x
@@ -48,6 +57,7 @@ struct LinearPlan {
   int warps_k = 1;   // WK (kTiled: warps_m * warps_k <= 16; kSplitK: <= kSplitWarps)
   int cluster = 1;   // kSplitK: blocks of a cluster splitting K (1, 2, 4 or 8)
   int64_t k_slice = 0;  // kSplitK: K elements per block (a multiple of 128; cluster * k_slice >= Kin)
+  int stages = 0;       // kSplitK, FP8, m_tiles 1: 0 = register ring; 2..kMaxStages = ring slots per warp
 };
 
 struct LinearParams {
@@ -71,8 +81,13 @@ namespace internal {
 // Enqueues the kernel for `p` (sizes already validated); returns the launch error, if any.
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream);
 // Dynamic shared memory the tensor-core kernel of `plan` takes (kTiled: the split-K reduction; kSplitK: the x
-// slice and the partial sums).
+// slice, the partial sums and, with stages > 0, the weight ring).
 int64_t LinearSharedBytes(const LinearPlan& plan);
+// The most dynamic shared memory a ring plan may take on the current device (its opt-in limit, at most
+// kStreamMaxSharedBytes).
+int64_t LinearMaxSharedBytes();
+// The FP8 weight-ring kernel (linear_ring.cu) for a kSplitK plan with stages > 0 and m_tiles 1.
+cudaError_t LaunchLinearRingKernel(const LinearParams& p, cudaStream_t stream);
 }  // namespace internal
 
 }  // namespace dsv4::kernels::cuda

@@ -2,7 +2,8 @@
 // scales), BF16 and F32 weights at the projections of configs/flash.json (TP 1 and the TP-4 shard) and
 // tiny.json, every decode token count (the split-K kernel) and prefill chunks (the tiled kernel), grouped
 // (wo_a), strided, bf16 activations, odd sizes that take the unaligned paths, T = 0; forced plans of both
-// kernels (m-tiles, K splits up to 64, clusters with blocks past the end of K) must agree with the CPU too.
+// kernels (m-tiles, K splits up to 64, clusters with blocks past the end of K, the split-K kernel's register and
+// shared-memory weight rings) must agree with the CPU too.
 // Outputs start as a sentinel, so an element not written (or written outside its row) fails.
 //
 // Two tolerances: with x already on the bf16 grid the CUDA kernel's only difference is the order of the fp32
@@ -183,12 +184,51 @@ TEST(DenseLinear, SplitKForcedPlans) {
     for (const int m_tiles : {1, 2}) {
       if (m_tiles == 2 && c.t > 16) continue;  // no 2 x 4 tile
       for (const int splits : {1, 2, 8, 16, 64}) {
-        c.plan = SplitPlan(c, m_tiles, splits);
+        const LinearPlan plan = SplitPlan(c, m_tiles, splits);
+        c.plan = plan;
         CheckLinear(c);
+        // The FP8 weight-ring plan with the same number of splits and 2..4 slots per warp (BF16, unaligned rows
+        // and grouped N % 16 != 0 run it with the register ring inside LaunchLinearWithPlan).
+        if (m_tiles == 1 && splits <= 32) {
+          for (const int stages : {2, 3, kMaxStages}) {
+            const std::optional<LinearPlan> ring =
+                PlanRingLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms(), splits, stages);
+            EXPECT_TRUE(ring.has_value()) << c.what << " splits " << splits << " stages " << stages;
+            if (ring) {
+              c.plan = *ring;
+              CheckLinear(c);
+            }
+          }
+        }
       }
     }
     c.plan = PlanTiledLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms());
     CheckLinear(c);
+  }
+}
+
+// The FP8 weight ring at its edges (small enough for compute-sanitizer): K tails inside a step, rows past N in a
+// tile, grouped N % 16 == 0, strided and bf16 x, clusters and warp splits, every ring depth.
+TEST(DenseLinear, RingPlansAtEdges) {
+  DSV4_REQUIRE_GPU();
+  const std::vector<LinearCase> cases = {
+      {.what = "ring K tail", .n = 130, .k = 1024 + 48, .t = 2},
+      {.what = "ring groups of 48 rows", .n = 96, .k = 512, .t = 3, .groups = 2},
+      {.what = "ring strided", .n = 512, .k = 1024, .t = 5, .x_pad = 64, .y_pad = 8},
+      {.what = "ring grouped strided 40 tokens", .n = 1024, .k = 512, .t = 40, .groups = 4, .x_pad = 16,
+       .y_pad = 3},
+      {.what = "ring bf16 x", .n = 256, .k = 1024, .t = 9, .x_bf16 = true},
+  };
+  for (LinearCase c : cases) {
+    for (const int splits : {1, 4, 16}) {
+      for (const int stages : {2, 3, kMaxStages}) {
+        const std::optional<LinearPlan> ring =
+            PlanRingLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms(), splits, stages);
+        if (!ring) continue;  // more splits than 128-wide steps
+        c.plan = *ring;
+        CheckLinear(c);
+      }
+    }
   }
 }
 
@@ -211,6 +251,17 @@ TEST(DenseLinear, BadPlansAreRefused) {
   EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
   bad = good;
   bad.warps_m = 8, bad.warps_k = 2;  // 16 warps
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  bad = good;
+  bad.stages = 1;  // a ring needs two slots
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  bad.stages = kMaxStages + 1;
+  EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(PlanRingLinear(4, 256, 1024, 1, 132, 0, 1).has_value());
+  EXPECT_FALSE(PlanRingLinear(4, 256, 1024, 1, 132, 3).has_value());
+  EXPECT_FALSE(PlanRingLinear(129, 256, 1024, 1, 132).has_value());
+  bad = *PlanRingLinear(4, 256, 1024, 1, 132);
+  bad.m_tiles = 2;  // the ring takes one row tile per warp
   EXPECT_EQ(LaunchLinearWithPlan(args, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
   bad = good;
   bad.m_tiles = 2, bad.n_tiles = 4;

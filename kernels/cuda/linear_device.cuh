@@ -1,0 +1,215 @@
+// Device helpers shared by the linear kernels (linear.cu: tiled and split-K; linear_ring.cu: the FP8 weight
+// ring): the bf16 MMA, the exact e4m3 -> bf16 conversion, the x slice's shared-memory swizzle, x staging, the
+// cluster barrier and distributed-shared-memory loads, cp.async. Included by .cu files only (internal linkage).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "kernels/cuda/linear_params.h"
+
+namespace dsv4::kernels::cuda {
+namespace {
+
+constexpr int kStepK = 64;       // K elements per MMA step of a thread group (4 threads x 16)
+constexpr int kScaleBlock = 128;
+
+__device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t PackBf16x2(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four e4m3 bytes (little-endian) -> two bf16x2 words, exactly (subnormals included).
+__device__ __forceinline__ void E4m3x4ToBf16(uint32_t v, uint32_t& lo, uint32_t& hi) {
+  const __half2_raw h0 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v & 0xffffu), __NV_E4M3);
+  const __half2_raw h1 = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(v >> 16), __NV_E4M3);
+  const float2 f0 = __half22float2(__half2(h0));
+  const float2 f1 = __half22float2(__half2(h1));
+  lo = PackBf16x2(f0.x, f0.y);
+  hi = PackBf16x2(f1.x, f1.y);
+}
+
+// Shared-memory position of x element e of a block's slice row (the unit swizzle above).
+__device__ __forceinline__ int64_t XPos(int64_t e) {
+  const int64_t w = (e >> 4) & 7;
+  return (e & ~int64_t{127}) | ((w ^ ((w >> 2) & 1)) << 4) | (e & 15);
+}
+
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Barrier over every thread of the cluster; the arrive releases and the wait acquires the blocks' shared memory.
+__device__ __forceinline__ void ClusterSync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive;\n\tbarrier.cluster.wait;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+
+// The float at `local`'s offset in the shared memory of cluster block `rank`.
+__device__ __forceinline__ float LoadClusterShared(const float* local, uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(SharedAddress(local)), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  (void)rank;
+  __trap();
+  return *local;
+#endif
+}
+
+// Four x elements [k, k + 4) of row `off` (element offset of the row's group start) as two bf16x2 words; zeros
+// past Kin.
+__device__ __forceinline__ uint2 LoadX4(const LinearParams& p, int64_t off, int64_t k) {
+  uint2 out{0u, 0u};
+  if (p.vec && k + 4 <= p.k) {
+    if (p.x_bf16) {
+      out = __ldg(reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(p.x) + off + k));
+    } else {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + off + k));
+      out.x = PackBf16x2(v.x, v.y);
+      out.y = PackBf16x2(v.z, v.w);
+    }
+    return out;
+  }
+  float v[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    v[e] = 0.f;
+    if (k + e < p.k) {
+      v[e] = p.x_bf16 ? __bfloat162float(__ushort_as_bfloat16(static_cast<const uint16_t*>(p.x)[off + k + e]))
+                      : static_cast<const float*>(p.x)[off + k + e];
+    }
+  }
+  out.x = PackBf16x2(v[0], v[1]);
+  out.y = PackBf16x2(v[2], v[3]);
+  return out;
+}
+
+// cp.async of 16 bytes (the first src_bytes of them read, the rest zero-filled; L1 bypassed) and of 4 bytes, the
+// commit of a group and the wait until at most N of this thread's groups are pending.
+__device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void CpAsync4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+
+// The end of a split-K kernel (linear.cu LinearSplitKernel, linear_ring.cu LinearRingKernel): stores this warp's
+// sums, or with K split (warps_k * cluster > 1) adds the partial sums in a fixed order. c0, c1 = (row g, tokens
+// 2q, 2q+1); c2, c3 = (row g+8, same tokens). `red`: the block's [warps][MW*NW*4][32] f32 area; block_row0 / row0:
+// the block's / warp's first row in the group; rank: the block's rank in its cluster (its K slice).
+template <int MW, int NW>
+__device__ __forceinline__ void SplitEpilogue(const LinearParams& p, const float (&acc)[MW][NW][4], float* red,
+                                              int64_t block_row0, int64_t row0, int64_t tok0, int64_t grp, int wm,
+                                              int wk, int lane, int rank) {
+  constexpr int kAcc = MW * NW * 4;
+  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m, cluster = p.plan.cluster;
+  const int g = lane >> 2, q = lane & 3;
+  // c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
+  if (warps_k * cluster == 1) {
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
+          const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
+          if (r < p.n && t < p.t) p.y[t * p.y_stride + grp * p.n + r] = acc[i][jn][c];
+        }
+    return;
+  }
+
+  // Split: every warp parks its partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c). Then, in a fixed
+  // order: each block adds its warps_k warps' sums (in place, into warp (wm, 0)'s slot), and after a cluster
+  // barrier the cluster adds the blocks' sums in rank order (distributed shared memory). All loads of a sum are
+  // issued before its adds, so a sum costs one load latency, not one per term.
+  {
+    float* dst = red + static_cast<int64_t>(wm * warps_k + wk) * kAcc * 32 + lane;
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) dst[32 * ((i * NW + jn) * 4 + c)] = acc[i][jn][c];
+  }
+  __syncthreads();
+  const int total = warps_m * kAcc * 32;
+  // Element e of the block's tile: warp row em, accumulator v, lane el -> output (row r, token t), or false.
+  auto element = [&](int e, int& em, int& v, int& el, int64_t& r, int64_t& t) {
+    em = e / (kAcc * 32), v = (e / 32) % kAcc, el = e % 32;
+    const int i = v / (NW * 4), jn = (v / 4) % NW, c = v % 4;
+    r = block_row0 + int64_t{16} * MW * em + 16 * i + (el >> 2) + 8 * (c / 2);
+    t = tok0 + 8 * jn + 2 * (el & 3) + (c % 2);
+    return r < p.n && t < p.t;
+  };
+  if (warps_k > 1) {
+    for (int e = static_cast<int>(threadIdx.x); e < total; e += static_cast<int>(blockDim.x)) {
+      int em, v, el;
+      int64_t r, t;
+      if (!element(e, em, v, el, r, t)) continue;
+      float part[kSplitWarps];
+#pragma unroll
+      for (int w = 0; w < kSplitWarps; ++w) {
+        part[w] = w < warps_k ? red[(static_cast<int64_t>(em * warps_k + w) * kAcc + v) * 32 + el] : 0.f;
+      }
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kSplitWarps; ++w) {
+        if (w < warps_k) sum += part[w];
+      }
+      if (cluster == 1) {
+        p.y[t * p.y_stride + grp * p.n + r] = sum;
+      } else {
+        red[(static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el] = sum;
+      }
+    }
+  }
+  if (cluster == 1) return;
+  ClusterSync();
+  for (int e = rank * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); e < total;
+       e += cluster * static_cast<int>(blockDim.x)) {
+    int em, v, el;
+    int64_t r, t;
+    if (!element(e, em, v, el, r, t)) continue;
+    const float* src = red + (static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el;
+    float part[8];
+#pragma unroll
+    for (int b = 0; b < 8; ++b) part[b] = b < cluster ? LoadClusterShared(src, static_cast<uint32_t>(b)) : 0.f;
+    float sum = 0.f;
+#pragma unroll
+    for (int b = 0; b < 8; ++b) {
+      if (b < cluster) sum += part[b];
+    }
+    p.y[t * p.y_stride + grp * p.n + r] = sum;
+  }
+  // No block may leave while another still reads its shared memory.
+  ClusterSync();
+}
+
+}  // namespace
+}  // namespace dsv4::kernels::cuda
