@@ -193,7 +193,8 @@ std::vector<int32_t> SkewedTable(int64_t t, int64_t e, int topk, const std::vect
 }
 
 // The routed half alone (CUDA): moe::LaunchRouted with accumulate = false, floor = touched held experts.
-void RunRouted(Bench& b, WeightFormat format, int64_t max_t, uint64_t seed, const std::string& routing) {
+void RunRouted(Bench& b, WeightFormat format, const kernels::ExpertsHandle& experts, int64_t max_t, uint64_t seed,
+               const std::string& routing) {
   auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&b.backend);
   if (cb == nullptr) return;
   kernels::Backend& be = b.backend;
@@ -203,13 +204,6 @@ void RunRouted(Bench& b, WeightFormat format, int64_t max_t, uint64_t seed, cons
   const bool skewed = routing == "skewed";
   const std::string op = std::string(format == WeightFormat::kNvfp4 ? "routed_nvfp4_" : "routed_mxfp4_") + routing;
   const std::string base = absl::StrFormat("E=%d top-%d, %d held, I=%d, %s", E, topk, held, s.moe_inter, routing);
-  kernels::ExpertsHandle experts;
-  {
-    const HostExperts hx = SynthExperts(format, E, D, s.moe_inter, 0, held, seed);
-    absl::StatusOr<kernels::ExpertsHandle> ex = be.PrepareExperts(hx.w1, hx.w3, hx.w2);
-    if (!ex.ok()) return b.Fail("moe", op, base, ex.status());
-    experts = *std::move(ex);
-  }
   const auto* cex = dynamic_cast<const kernels::cuda::moe::CudaExperts*>(experts.get());
   const double expert_bytes = held > 0 ? static_cast<double>(cex->layout().bytes) : 0;
   const HostLinear gate = SynthLinear("ffn.gate", WeightFormat::kBF16, E, D, seed + 1);
@@ -330,8 +324,16 @@ void RunMoeCases(Bench& b) {
     const WeightFormat format = f == "MXFP4" ? WeightFormat::kMxfp4 : WeightFormat::kNvfp4;
     seed += 31;
     if (b.sweep.moe_whole) RunFormat(b, format, max_t, seed);
-    if (b.cuda) {
-      for (const std::string& r : b.sweep.moe_routings) RunRouted(b, format, max_t, seed + 7, r);
+    if (b.cuda && !b.sweep.moe_routings.empty()) {
+      const Shapes& s = b.shapes;
+      const int64_t held = std::min(s.experts_held, s.experts);
+      const HostExperts hx = SynthExperts(format, s.experts, s.hidden, s.moe_inter, 0, held, seed + 7);
+      absl::StatusOr<kernels::ExpertsHandle> ex = b.backend.PrepareExperts(hx.w1, hx.w3, hx.w2);
+      if (!ex.ok()) {
+        b.Fail("moe", "routed", f, ex.status());
+        continue;
+      }
+      for (const std::string& r : b.sweep.moe_routings) RunRouted(b, format, *ex, max_t, seed + 7, r);
     }
   }
 }

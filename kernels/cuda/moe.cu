@@ -22,6 +22,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/moe_internal.h"
+#include "kernels/cuda/moe_pdl.h"
 
 namespace dsv4::kernels::cuda::moe {
 namespace {
@@ -204,6 +205,8 @@ __device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const
 template <Fp4Kind kKind, bool kUp>
 __global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpertParams p) {
   __shared__ float red[kGemmWarps * 2 * kMaxNt * 4 * 32];
+  GridDepWait();    // the router's lists (up) or h (down)
+  GridDepLaunch();  // the next kernel's blocks may become resident (they wait for this grid)
   if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
   const int e = p.active[blockIdx.y];
   const int slot = p.expert_slot[e];
@@ -228,6 +231,7 @@ __global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpert
 }
 
 __global__ void CombineKernel(MoeCombineParams p) {
+  GridDepWait();  // the down GEMM's outputs
   const int64_t t = blockIdx.y;
   const int64_t d = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * 4;
   if (d >= p.d) return;
@@ -263,12 +267,10 @@ __global__ void SwigluKernel(MoeSwigluParams p) {
 template <Fp4Kind kKind>
 cudaError_t LaunchGemms(const MoeExpertParams& p, cudaStream_t stream) {
   const dim3 up_grid(static_cast<unsigned>(p.inter / kTileRows), static_cast<unsigned>(p.max_active));
-  ExpertGemmKernel<kKind, true><<<up_grid, kGemmWarps * 32, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
+  const cudaError_t err = LaunchPdl(ExpertGemmKernel<kKind, true>, up_grid, dim3(kGemmWarps * 32), 0, stream, p);
   if (err != cudaSuccess) return err;
   const dim3 down_grid(static_cast<unsigned>(p.d / (2 * kTileRows)), static_cast<unsigned>(p.max_active));
-  ExpertGemmKernel<kKind, false><<<down_grid, kGemmWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(ExpertGemmKernel<kKind, false>, down_grid, dim3(kGemmWarps * 32), 0, stream, p);
 }
 
 int64_t Align256(int64_t v) { return (v + 255) / 256 * 256; }
@@ -317,8 +319,7 @@ absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.d % 4 != 0) return absl::InvalidArgumentError(absl::StrCat("MoE combine: D % 4 != 0 (D = ", p.d, ")"));
   if (p.t == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>((p.d / 4 + 255) / 256), static_cast<unsigned>(p.t));
-  CombineKernel<<<grid, 256, 0, stream>>>(p);
-  return CudaStatus(cudaGetLastError(), "MoE combine launch");
+  return CudaStatus(LaunchPdl(CombineKernel, grid, dim3(256), 0, stream, p), "MoE combine launch");
 }
 
 absl::Status LaunchMoeSwiglu(const MoeSwigluParams& p, cudaStream_t stream) {
