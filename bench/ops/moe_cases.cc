@@ -194,7 +194,7 @@ std::vector<int32_t> SkewedTable(int64_t t, int64_t e, int topk, const std::vect
 
 // The routed half alone (CUDA): moe::LaunchRouted with accumulate = false, floor = touched held experts.
 void RunRouted(Bench& b, WeightFormat format, const kernels::ExpertsHandle& experts, int64_t max_t, uint64_t seed,
-               const std::string& routing, const std::string& gemm) {
+               const std::string& routing) {
   auto* cb = dynamic_cast<kernels::cuda::CudaBackend*>(&b.backend);
   if (cb == nullptr) return;
   kernels::Backend& be = b.backend;
@@ -202,8 +202,7 @@ void RunRouted(Bench& b, WeightFormat format, const kernels::ExpertsHandle& expe
   const int64_t D = s.hidden, E = s.experts, held = std::min(s.experts_held, s.experts);
   const int topk = static_cast<int>(s.topk);
   const bool skewed = routing == "skewed";
-  std::string op = std::string(format == WeightFormat::kNvfp4 ? "routed_nvfp4_" : "routed_mxfp4_") + routing;
-  if (gemm != "default") op += "_" + gemm;
+  const std::string op = std::string(format == WeightFormat::kNvfp4 ? "routed_nvfp4_" : "routed_mxfp4_") + routing;
   const std::string base = absl::StrFormat("E=%d top-%d, %d held, I=%d, %s", E, topk, held, s.moe_inter, routing);
   const auto* cex = dynamic_cast<const kernels::cuda::moe::CudaExperts*>(experts.get());
   const double expert_bytes = held > 0 ? static_cast<double>(cex->layout().bytes) : 0;
@@ -334,14 +333,7 @@ void RunMoeCases(Bench& b) {
         b.Fail("moe", "routed", f, ex.status());
         continue;
       }
-      namespace m = kernels::cuda::moe;
-      const m::ExpertGemmKernelKind initial = m::GetExpertGemmKernel();
-      for (const std::string& g : b.sweep.moe_gemm) {
-        m::SetExpertGemmKernel(g == "ring" ? m::ExpertGemmKernelKind::kRing
-                                           : g == "registers" ? m::ExpertGemmKernelKind::kRegisters : initial);
-        for (const std::string& r : b.sweep.moe_routings) RunRouted(b, format, *ex, max_t, seed + 7, r, g);
-      }
-      m::SetExpertGemmKernel(initial);
+      for (const std::string& r : b.sweep.moe_routings) RunRouted(b, format, *ex, max_t, seed + 7, r);
     }
   }
 }

@@ -11,12 +11,14 @@
 //   up (gate w1 + up w3 of the same 16 features): h = silu(min(g, L)) * clamp(v, -L, L) -> bf16 rows of h
 //   down (w2, 32 output rows): weight[entry] * (W2 h) -> out[entry] in fp32
 // The combine then sums each token's entries in ascending expert id onto the shared expert's output, so the
-// result of a token does not depend on the batch or on the run.
+// result of a token does not depend on the batch or on the run. The GEMMs and the combine are launched with
+// PDL after the router (moe_pdl.h): each waits for its predecessor before touching memory.
+// (A cp.async-ring variant of the GEMM, same bits, was measured slower at every shape: bench/RESULTS.md,
+// 2026-12-01 "MoE grouped GEMM, issue 14 part 2".)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -217,146 +219,11 @@ __device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const
   PassEpilogue<kKind, kUp, NT>(p, acc, red, slot, list0, rows);
 }
 
-// ---- The ring variant: each warp streams its chunks through a cp.async ring in shared memory ----
-//
-// Same work split, same order of every MMA and of the cross-warp sums as the register variant above (so the
-// same bits), but a warp keeps S - 1 chunks (up to 6 KB of codes) in flight through its compute instead of
-// loading KB chunks into registers and then computing them. Activation rows past the pass are zeros written
-// once per pass (no copies issued for them).
-constexpr int kRingBytes = 16384;  // one warp's ring
-constexpr int kRingSmemBytes = kGemmWarps * kRingBytes;
-static_assert(kGemmWarps * 2 * kMaxNt * 4 * 32 * 4 <= kRingSmemBytes, "the epilogue sums fit in the rings");
-
-// 16-byte global -> shared copy through L2 only.
-__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// One stage = one 64-column chunk of the tile pair:
-//   [codes: tile r's 16 bytes of lane L at r * 512 + 16 L][scales: 2 tiles as stored]
-//   [activations: (nt, half h, lane) -> 16 bytes at ((nt * 2 + h) * 32 + lane) * 16; lane (g, c) of tile nt
-//    holds x[token nt * 8 + g][kc * 64 + 16 c + 8 h .. + 7], so each half is read conflict-free]
-template <Fp4Kind kKind, int NT>
-struct Ring {
-  static constexpr int kStb = kKind == Fp4Kind::kNvfp4 ? kNvfp4ScaleTileBytes : kMxfp4ScaleTileBytes;
-  static constexpr int kScaleAt = 2 * kTileBytes;
-  static constexpr int kActAt = kScaleAt + 2 * kStb;
-  static constexpr int kStageBytes = kActAt + NT * 2 * 32 * 16;
-  static constexpr int kStages = kRingBytes / kStageBytes;  // NVFP4: 7 / 5 / 3 for NT = 1 / 2 / 4
-  static_assert(kStages >= 2 && kStageBytes % 16 == 0, "ring stage");
-};
-
-// Issues chunk kc into a stage: the lane's 16 code bytes of both tiles, the scale tiles (first lanes), the
-// lane's activations of the rows that exist.
-template <Fp4Kind kKind, int NT>
-__device__ __forceinline__ void IssueStage(uint8_t* stage, const uint8_t* codes, const uint8_t* scales, int kc,
-                                           const uint16_t* const (&brow)[NT], int lane) {
-  using R = Ring<kKind, NT>;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    CpAsync16(stage + r * kTileBytes + lane * 16, codes + (int64_t{kc} * 2 + r) * kTileBytes + lane * 16);
-  }
-  if (lane < 2 * R::kStb / 16) CpAsync16(stage + R::kScaleAt + lane * 16, scales + int64_t{kc} * 2 * R::kStb + lane * 16);
-  const int c = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    if (brow[nt] == nullptr) continue;
-    const uint16_t* src = brow[nt] + kc * kChunkK + 16 * c;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) CpAsync16(stage + R::kActAt + ((nt * 2 + h) * 32 + lane) * 16, src + 8 * h);
-  }
-}
-
-template <Fp4Kind kKind, int NT>
-__device__ __forceinline__ void RingWarpGemm(uint8_t* ring, const uint8_t* codes, const uint8_t* scales, int nkc,
-                                             const uint16_t* const (&brow)[NT], float (&acc)[2][NT][4]) {
-  using R = Ring<kKind, NT>;
-  constexpr int S = R::kStages;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int sidx = ScalePairIndex<kKind>(lane);
-  const int mine = (nkc - warp + kGemmWarps - 1) / kGemmWarps;  // chunks kc = warp + 4 i of this warp
-  // Rows past the pass: zeros in every stage (nothing else writes those slots during the pass).
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    if (brow[nt] != nullptr) continue;
-    for (int st = 0; st < S; ++st) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        *reinterpret_cast<uint4*>(ring + st * R::kStageBytes + R::kActAt + ((nt * 2 + h) * 32 + lane) * 16) =
-            make_uint4(0, 0, 0, 0);
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) IssueStage<kKind, NT>(ring + i * R::kStageBytes, codes, scales, warp + i * kGemmWarps, brow, lane);
-    CpAsyncCommit();
-  }
-  for (int i = 0; i < mine; ++i) {
-    CpAsyncWait<S - 2>();  // chunk i has landed (this lane's copies) ...
-    __syncwarp();          // ... and every lane's (the scales); every lane is done with chunk i - 1's stage
-    const int j = i + S - 1;
-    if (j < mine) IssueStage<kKind, NT>(ring + (j % S) * R::kStageBytes, codes, scales, warp + j * kGemmWarps, brow, lane);
-    CpAsyncCommit();
-    const uint8_t* st = ring + (i % S) * R::kStageBytes;
-    uint4 b[NT][2];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) b[nt][h] = *reinterpret_cast<const uint4*>(st + R::kActAt + ((nt * 2 + h) * 32 + lane) * 16);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const uint4 w = *reinterpret_cast<const uint4*>(st + r * kTileBytes + lane * 16);
-      const uint32_t sp = *reinterpret_cast<const uint16_t*>(st + R::kScaleAt + r * R::kStb + 2 * sidx);
-      uint32_t fg, fg8;
-      Factors<kKind>(sp, fg, fg8);
-      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        uint32_t t[4];
-        Fp4WordToTrick(words[s], t);
-        const uint32_t a[4] = {MulBf16x2(t[0], fg), MulBf16x2(t[1], fg8), MulBf16x2(t[2], fg),
-                               MulBf16x2(t[3], fg8)};
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          const uint4& bb = b[nt][s >> 1];
-          Mma(acc[r][nt], a, (s & 1) == 0 ? bb.x : bb.z, (s & 1) == 0 ? bb.y : bb.w);
-        }
-      }
-    }
-  }
-  CpAsyncWait<0>();  // only empty groups remain
-}
-
-template <Fp4Kind kKind, bool kUp, int NT>
-__device__ void RingPass(const MoeExpertParams& p, const uint8_t* codes, const uint8_t* scales, int slot, int list0,
-                         int rows, uint8_t* smem) {
-  const int64_t kdim = kUp ? p.d : p.inter;
-  const uint16_t* brow[NT];
-  ActivationRows<kUp, NT>(p, list0, rows, brow);
-  float acc[2][NT][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
-  RingWarpGemm<kKind, NT>(smem + (threadIdx.x >> 5) * kRingBytes, codes, scales, static_cast<int>(kdim / kChunkK),
-                          brow, acc);
-  __syncthreads();  // every warp is done with its ring: the rings hold the epilogue sums now
-  PassEpilogue<kKind, kUp, NT>(p, acc, reinterpret_cast<float*>(smem), slot, list0, rows);
-}
-
-// Both variants: blockIdx = (tile pair, active expert slot); blocks past the device-side count exit.
-template <Fp4Kind kKind, bool kUp, bool kRing>
-__device__ __forceinline__ void ExpertGemmBody(const MoeExpertParams& p, float* red, uint8_t* ring) {
+// Launched with PDL (moe_pdl.h). blockIdx = (tile pair, active expert slot); blocks past the device-side
+// count exit at once.
+template <Fp4Kind kKind, bool kUp>
+__global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpertParams p) {
+  __shared__ float red[kGemmWarps * 2 * kMaxNt * 4 * 32];
   GridDepWait();    // the router's lists (up) or h (down)
   GridDepLaunch();  // the next kernel's blocks may become resident (they wait for this grid)
   if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
@@ -372,36 +239,14 @@ __device__ __forceinline__ void ExpertGemmBody(const MoeExpertParams& p, float* 
   const uint8_t* scales = base + (kUp ? p.layout.w13_scales : p.layout.w2_scales) + pair_tiles * kStb;
   for (int m0 = 0; m0 < count; m0 += kPassTokens) {
     const int rows = min(kPassTokens, count - m0);
-    if constexpr (kRing) {
-      if (rows > 16) {
-        RingPass<kKind, kUp, 4>(p, codes, scales, slot, list0 + m0, rows, ring);
-      } else if (rows > 8) {
-        RingPass<kKind, kUp, 2>(p, codes, scales, slot, list0 + m0, rows, ring);
-      } else {
-        RingPass<kKind, kUp, 1>(p, codes, scales, slot, list0 + m0, rows, ring);
-      }
+    if (rows > 16) {
+      ExpertPass<kKind, kUp, 4>(p, codes, scales, slot, list0 + m0, rows, red);
+    } else if (rows > 8) {
+      ExpertPass<kKind, kUp, 2>(p, codes, scales, slot, list0 + m0, rows, red);
     } else {
-      if (rows > 16) {
-        ExpertPass<kKind, kUp, 4>(p, codes, scales, slot, list0 + m0, rows, red);
-      } else if (rows > 8) {
-        ExpertPass<kKind, kUp, 2>(p, codes, scales, slot, list0 + m0, rows, red);
-      } else {
-        ExpertPass<kKind, kUp, 1>(p, codes, scales, slot, list0 + m0, rows, red);
-      }
+      ExpertPass<kKind, kUp, 1>(p, codes, scales, slot, list0 + m0, rows, red);
     }
   }
-}
-
-template <Fp4Kind kKind, bool kUp>
-__global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpertParams p) {
-  __shared__ float red[kGemmWarps * 2 * kMaxNt * 4 * 32];
-  ExpertGemmBody<kKind, kUp, false>(p, red, nullptr);
-}
-
-template <Fp4Kind kKind, bool kUp>
-__global__ void __launch_bounds__(kGemmWarps * 32, 3) ExpertRingGemmKernel(MoeExpertParams p) {
-  extern __shared__ __align__(16) uint8_t ring[];
-  ExpertGemmBody<kKind, kUp, true>(p, nullptr, ring);
 }
 
 __global__ void CombineKernel(MoeCombineParams p) {
@@ -438,29 +283,11 @@ __global__ void SwigluKernel(MoeSwigluParams p) {
   p.g[i] = g / (1.f + expf(-g)) * v;
 }
 
-std::atomic<int> g_gemm_kernel{static_cast<int>(ExpertGemmKernelKind::kRegisters)};
-
-// Opts a ring kernel into its dynamic shared memory (once per process; not a stream operation).
-template <Fp4Kind kKind, bool kUp>
-cudaError_t RingSmemOptIn() {
-  static const cudaError_t err = cudaFuncSetAttribute(ExpertRingGemmKernel<kKind, kUp>,
-                                                      cudaFuncAttributeMaxDynamicSharedMemorySize, kRingSmemBytes);
-  return err;
-}
-
 template <Fp4Kind kKind>
 cudaError_t LaunchGemms(const MoeExpertParams& p, cudaStream_t stream) {
   const dim3 up_grid(static_cast<unsigned>(p.inter / kTileRows), static_cast<unsigned>(p.max_active));
   const dim3 down_grid(static_cast<unsigned>(p.d / (2 * kTileRows)), static_cast<unsigned>(p.max_active));
   const dim3 block(kGemmWarps * 32);
-  if (g_gemm_kernel.load(std::memory_order_relaxed) == static_cast<int>(ExpertGemmKernelKind::kRing)) {
-    for (const cudaError_t e : {RingSmemOptIn<kKind, true>(), RingSmemOptIn<kKind, false>()}) {
-      if (e != cudaSuccess) return e;
-    }
-    const cudaError_t err = LaunchPdl(ExpertRingGemmKernel<kKind, true>, up_grid, block, kRingSmemBytes, stream, p);
-    if (err != cudaSuccess) return err;
-    return LaunchPdl(ExpertRingGemmKernel<kKind, false>, down_grid, block, kRingSmemBytes, stream, p);
-  }
   const cudaError_t err = LaunchPdl(ExpertGemmKernel<kKind, true>, up_grid, block, 0, stream, p);
   if (err != cudaSuccess) return err;
   return LaunchPdl(ExpertGemmKernel<kKind, false>, down_grid, block, 0, stream, p);
@@ -495,14 +322,6 @@ ScratchPlan MakeScratchPlan(int64_t t, int64_t experts, int64_t topk, int64_t di
   s.shared_v = take(t * shared_inter * 4);
   s.bytes = at;
   return s;
-}
-
-void SetExpertGemmKernel(ExpertGemmKernelKind kind) {
-  g_gemm_kernel.store(static_cast<int>(kind), std::memory_order_relaxed);
-}
-
-ExpertGemmKernelKind GetExpertGemmKernel() {
-  return static_cast<ExpertGemmKernelKind>(g_gemm_kernel.load(std::memory_order_relaxed));
 }
 
 absl::Status LaunchMoeExperts(const MoeExpertParams& p, cudaStream_t stream) {

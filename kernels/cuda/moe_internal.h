@@ -81,12 +81,6 @@ absl::Status LaunchRouted(const MoeArgs& a, const uint16_t* gate_rows, const Cud
 absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream);
 absl::Status LaunchMoeExperts(const MoeExpertParams& p, cudaStream_t stream);  // up, then down
 
-// Which kernel runs the expert GEMMs (moe.cu; both give the same bits): kRegisters loads a few chunks into
-// registers, then computes them; kRing streams each warp's chunks through a cp.async ring in shared memory.
-// Process-wide, for benchmarks and tests to compare; not for use while a step is being captured or run.
-enum class ExpertGemmKernelKind : int { kRegisters = 0, kRing = 1 };
-void SetExpertGemmKernel(ExpertGemmKernelKind kind);
-ExpertGemmKernelKind GetExpertGemmKernel();
 absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream);
 absl::Status LaunchMoeSwiglu(const MoeSwigluParams& p, cudaStream_t stream);
 
