@@ -49,6 +49,8 @@ struct Sweep {
   std::vector<int64_t> linear_tokens;      // T of every linear
   std::vector<int64_t> moe_tokens;         // T of the MoE
   std::vector<std::string> moe_formats;    // NVFP4, MXFP4
+  std::vector<std::string> moe_routings;   // routed-only cases: random, skewed (CUDA backend only)
+  bool moe_whole = true;                   // the whole op (shared expert included)
   std::vector<int64_t> dense_tokens;       // T of RMSNorm, RoPE, Hadamard, HcPre, HcPost, KV write, compressor
   std::vector<int64_t> attention_batches;  // B decode sequences
   std::vector<int64_t> attention_contexts;  // ratio 128 at each; ratio 0 and 4 at the first

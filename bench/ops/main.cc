@@ -47,6 +47,10 @@ ABSL_FLAG(std::string, only, "", "comma-separated families (linear, moe, indexer
 ABSL_FLAG(std::string, tokens, "", "T of the linears (default 1,8,32,64,128)");
 ABSL_FLAG(std::string, moe_tokens, "", "T of the MoE (default 1,8,32,128; --full 1..128)");
 ABSL_FLAG(std::string, moe_formats, "NVFP4,MXFP4", "routed expert formats");
+ABSL_FLAG(std::string, moe_routing, "random,skewed",
+          "routings of the routed-experts-only cases (cuda): random (score routing), skewed (20% of the experts "
+          "get 80% of the picks, hash routing); empty: none");
+ABSL_FLAG(bool, moe_whole, true, "also time the whole MoE op (shared expert included)");
 ABSL_FLAG(std::string, dense_tokens, "", "T of the dense and cache ops (default 1,8,32,128; --full 1..128)");
 ABSL_FLAG(std::string, attention_batches, "", "B of attention (default 1,8,32,128; --full 1..128)");
 ABSL_FLAG(std::string, attention_contexts, "", "contexts of ratio-128 attention (default 32768; --full 8192,32768,131072)");
@@ -140,6 +144,8 @@ Sweep MakeSweep(bool full, bool smoke) {
   w.linear_tokens = ParseList("tokens", absl::GetFlag(FLAGS_tokens), smoke ? one : std::vector<int64_t>{1, 8, 32, 64, 128});
   w.moe_tokens = ParseList("moe_tokens", absl::GetFlag(FLAGS_moe_tokens), sizes);
   w.moe_formats = Words(absl::GetFlag(FLAGS_moe_formats));
+  w.moe_routings = Words(absl::GetFlag(FLAGS_moe_routing));
+  w.moe_whole = absl::GetFlag(FLAGS_moe_whole);
   w.dense_tokens = ParseList("dense_tokens", absl::GetFlag(FLAGS_dense_tokens), sizes);
   w.attention_batches = ParseList("attention_batches", absl::GetFlag(FLAGS_attention_batches), sizes);
   w.attention_contexts =

@@ -11,7 +11,10 @@
 //   up (gate w1 + up w3 of the same 16 features): h = silu(min(g, L)) * clamp(v, -L, L) -> bf16 rows of h
 //   down (w2, 32 output rows): weight[entry] * (W2 h) -> out[entry] in fp32
 // The combine then sums each token's entries in ascending expert id onto the shared expert's output, so the
-// result of a token does not depend on the batch or on the run.
+// result of a token does not depend on the batch or on the run. The GEMMs and the combine are launched with
+// PDL after the router (moe_pdl.h): each waits for its predecessor before touching memory.
+// (A cp.async-ring variant of the GEMM, same bits, was measured slower at every shape: bench/RESULTS.md,
+// 2026-12-01 "MoE grouped GEMM, issue 14 part 2".)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -22,6 +25,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/moe_internal.h"
+#include "kernels/cuda/moe_pdl.h"
 
 namespace dsv4::kernels::cuda::moe {
 namespace {
@@ -127,17 +131,12 @@ __device__ __forceinline__ void WarpPairGemm(const uint8_t* codes, const uint8_t
   }
 }
 
-// One pass of up to 32 list positions [m0, m0 + rows) of expert e: GEMM, cross-warp sum, epilogue.
-template <Fp4Kind kKind, bool kUp, int NT>
-__device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const uint8_t* scales, int slot,
-                           int list0, int rows, float* red) {
-  // Chunks in flight per warp: 4 KB of codes for decode-sized passes; fewer where the activations need the
-  // registers (120 registers at most, so 4 blocks fit an SM).
-  constexpr int KB = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int64_t kdim = kUp ? p.d : p.inter;
-  const uint16_t* brow[NT];
+// This lane's activation row of each n8 tile of a pass over list positions [list0, list0 + rows) (token g of
+// the tile): x_bf16 of the entry's token (up) or the position's h row (down); null past the pass.
+template <bool kUp, int NT>
+__device__ __forceinline__ void ActivationRows(const MoeExpertParams& p, int list0, int rows,
+                                               const uint16_t* (&brow)[NT]) {
+  const int g = (threadIdx.x & 31) >> 2;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const int r = nt * 8 + g;
@@ -151,17 +150,15 @@ __device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const
       }
     }
   }
-  float acc[2][NT][4];
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
-  WarpPairGemm<kKind, NT, KB>(codes, scales, static_cast<int>(kdim / kChunkK), brow, acc);
+}
 
-  // red[warp][tile][nt][reg][lane]: conflict-free stores, then each thread sums one (nt, reg, lane) of both
-  // tiles over the warps in a fixed order.
+// The warps' partial sums of a pass meet in `red` (kGemmWarps * 2 * NT * 128 floats, free for this use), then
+// the epilogue: red[warp][tile][nt][reg][lane]: conflict-free stores, then each thread sums one
+// (nt, reg, lane) of both tiles over the warps in a fixed order.
+template <Fp4Kind kKind, bool kUp, int NT>
+__device__ __forceinline__ void PassEpilogue(const MoeExpertParams& p, const float (&acc)[2][NT][4], float* red,
+                                             int slot, int list0, int rows) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < 2; ++r)
 #pragma unroll
@@ -201,9 +198,34 @@ __device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const
   __syncthreads();  // red is reused by the next pass
 }
 
+// One pass of up to 32 list positions [m0, m0 + rows) of expert e: GEMM, cross-warp sum, epilogue.
+template <Fp4Kind kKind, bool kUp, int NT>
+__device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const uint8_t* scales, int slot,
+                           int list0, int rows, float* red) {
+  // Chunks in flight per warp: 4 KB of codes for decode-sized passes; fewer where the activations need the
+  // registers (120 registers at most, so 4 blocks fit an SM).
+  constexpr int KB = NT == 1 ? 4 : (NT == 2 ? 2 : 1);
+  const int64_t kdim = kUp ? p.d : p.inter;
+  const uint16_t* brow[NT];
+  ActivationRows<kUp, NT>(p, list0, rows, brow);
+  float acc[2][NT][4];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[r][nt][i] = 0.f;
+  WarpPairGemm<kKind, NT, KB>(codes, scales, static_cast<int>(kdim / kChunkK), brow, acc);
+  PassEpilogue<kKind, kUp, NT>(p, acc, red, slot, list0, rows);
+}
+
+// Launched with PDL (moe_pdl.h). blockIdx = (tile pair, active expert slot); blocks past the device-side
+// count exit at once.
 template <Fp4Kind kKind, bool kUp>
 __global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpertParams p) {
   __shared__ float red[kGemmWarps * 2 * kMaxNt * 4 * 32];
+  GridDepWait();    // the router's lists (up) or h (down)
+  GridDepLaunch();  // the next kernel's blocks may become resident (they wait for this grid)
   if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
   const int e = p.active[blockIdx.y];
   const int slot = p.expert_slot[e];
@@ -228,6 +250,7 @@ __global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpert
 }
 
 __global__ void CombineKernel(MoeCombineParams p) {
+  GridDepWait();  // the down GEMM's outputs
   const int64_t t = blockIdx.y;
   const int64_t d = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * 4;
   if (d >= p.d) return;
@@ -263,12 +286,11 @@ __global__ void SwigluKernel(MoeSwigluParams p) {
 template <Fp4Kind kKind>
 cudaError_t LaunchGemms(const MoeExpertParams& p, cudaStream_t stream) {
   const dim3 up_grid(static_cast<unsigned>(p.inter / kTileRows), static_cast<unsigned>(p.max_active));
-  ExpertGemmKernel<kKind, true><<<up_grid, kGemmWarps * 32, 0, stream>>>(p);
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
   const dim3 down_grid(static_cast<unsigned>(p.d / (2 * kTileRows)), static_cast<unsigned>(p.max_active));
-  ExpertGemmKernel<kKind, false><<<down_grid, kGemmWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  const dim3 block(kGemmWarps * 32);
+  const cudaError_t err = LaunchPdl(ExpertGemmKernel<kKind, true>, up_grid, block, 0, stream, p);
+  if (err != cudaSuccess) return err;
+  return LaunchPdl(ExpertGemmKernel<kKind, false>, down_grid, block, 0, stream, p);
 }
 
 int64_t Align256(int64_t v) { return (v + 255) / 256 * 256; }
@@ -317,8 +339,7 @@ absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
   if (p.d % 4 != 0) return absl::InvalidArgumentError(absl::StrCat("MoE combine: D % 4 != 0 (D = ", p.d, ")"));
   if (p.t == 0) return absl::OkStatus();
   const dim3 grid(static_cast<unsigned>((p.d / 4 + 255) / 256), static_cast<unsigned>(p.t));
-  CombineKernel<<<grid, 256, 0, stream>>>(p);
-  return CudaStatus(cudaGetLastError(), "MoE combine launch");
+  return CudaStatus(LaunchPdl(CombineKernel, grid, dim3(256), 0, stream, p), "MoE combine launch");
 }
 
 absl::Status LaunchMoeSwiglu(const MoeSwigluParams& p, cudaStream_t stream) {

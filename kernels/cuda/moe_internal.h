@@ -80,6 +80,7 @@ absl::Status LaunchRouted(const MoeArgs& a, const uint16_t* gate_rows, const Cud
 // One kernel launch each (the router is two: logits, then selection and lists).
 absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream);
 absl::Status LaunchMoeExperts(const MoeExpertParams& p, cudaStream_t stream);  // up, then down
+
 absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream);
 absl::Status LaunchMoeSwiglu(const MoeSwigluParams& p, cudaStream_t stream);
 

@@ -2,9 +2,11 @@
 // s = sqrt(softplus(logits)), top-Ek of s + bias (ties: lower expert id) or tid2eid[token], weights
 // s_e / (sum + 1e-20) * routed_scale; then the per-expert entry lists the grouped expert GEMMs read.
 //
-// Two launches: the logits (a GEMV spread over many blocks, which also writes x as bf16 for the experts),
-// then one block that selects every token's experts and builds the lists (counts in shared memory, one scan,
-// a scatter), so nothing is read back to the host and one CUDA graph serves any routing.
+// Two launches for decode-sized steps: the logits (a GEMV spread over many blocks, which also writes x as bf16
+// for the experts), then one block that selects every token's experts and builds the lists (counts in shared
+// memory, one scan, a scatter), so nothing is read back to the host and one CUDA graph serves any routing.
+// Above kFusedSelectTokens tokens the selection is spread over blocks of 8 tokens and one block builds the
+// lists after it (three launches). All are launched with PDL (moe_pdl.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -15,12 +17,16 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/moe_internal.h"
+#include "kernels/cuda/moe_pdl.h"
 
 namespace dsv4::kernels::cuda::moe {
 namespace {
 
-constexpr int kLogitWarps = 4;     // experts per logits block (one per warp)
+constexpr int kLogitWarps = 8;     // experts per logits block (one per warp)
+constexpr int kRowLoads = 16;      // 16-byte gate loads in flight per lane: 4096 columns of the row at once
 constexpr int kSelectThreads = 1024;
+constexpr int kTokenWarps = 8;           // tokens per block of the spread selection
+constexpr int kFusedSelectTokens = 16;   // up to this T one block selects and builds the lists
 constexpr int kNone = 0x7fffffff;  // "no expert" in the arg-max
 
 __device__ __forceinline__ float Bf16Lo(uint32_t v) { return __uint_as_float(v << 16); }
@@ -34,46 +40,66 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 // sqrt(softplus(l)) with torch's threshold 20 (the CPU reference's expression).
 __device__ __forceinline__ float Score(float l) { return sqrtf(l > 20.f ? l : log1pf(expf(l))); }
 
-// logits[t, e] for the TB tokens of blockIdx.y and the 4 experts of blockIdx.x (one per warp). Lane l owns
+// logits[t, e] for the TB tokens of blockIdx.y and the 8 experts of blockIdx.x (one per warp). Lane l owns
 // columns 8l + 256i; each row's dot product is the lane sums in order, then a fixed butterfly, so the result
-// does not depend on T. Warp 0 of column block 0 also writes x as bf16.
+// does not depend on T. A warp puts up to 4096 columns of its gate row in flight before it multiplies (the
+// row is the only DRAM stream; the tokens' x rows are shared by the block's warps through L1). Each block also
+// writes its share of the columns of its tokens' x as bf16 (the experts' activations).
 template <int TB>
 __global__ void __launch_bounds__(kLogitWarps * 32) RouterLogitsKernel(MoeRouteParams p) {
+  GridDepWait();    // x (when the kernel before wrote it)
+  GridDepLaunch();  // the selection block may become resident (it waits for this grid)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int e = blockIdx.x * kLogitWarps + warp;
-  const bool write_x = blockIdx.x == 0 && warp == 0;
-  if (e >= p.experts && !write_x) return;
   const int64_t t0 = int64_t{blockIdx.y} * TB;
-  const uint16_t* wrow = p.gate + int64_t{e < p.experts ? e : 0} * p.d;
+  const int tn = static_cast<int>(min(static_cast<int64_t>(TB), p.t - t0));
+  {
+    const int64_t per = (p.d / 8 + gridDim.x - 1) / gridDim.x * 8;  // columns of this block, multiple of 8
+    const int64_t c0 = int64_t{blockIdx.x} * per;
+    const int64_t n8 = c0 < p.d ? (min(p.d, c0 + per) - c0) / 8 : 0;
+    for (int64_t i = threadIdx.x; i < tn * n8; i += blockDim.x) {
+      const int64_t t = t0 + i / n8, k = c0 + (i % n8) * 8;
+      const float4* xp = reinterpret_cast<const float4*>(p.x + t * p.d + k);
+      const float4 a = __ldg(xp), b = __ldg(xp + 1);
+      *reinterpret_cast<uint4*>(p.x_bf16 + t * p.d + k) =
+          make_uint4(PackBf16(a.x, a.y), PackBf16(a.z, a.w), PackBf16(b.x, b.y), PackBf16(b.z, b.w));
+    }
+  }
+  const int e = blockIdx.x * kLogitWarps + warp;
+  if (e >= p.experts) return;
+  const uint16_t* __restrict__ wrow = p.gate + int64_t{e} * p.d;
   float acc[TB];
 #pragma unroll
   for (int t = 0; t < TB; ++t) acc[t] = 0.f;
-#pragma unroll 4
-  for (int64_t k = lane * 8; k < p.d; k += 256) {
-    const uint4 wv = __ldg(reinterpret_cast<const uint4*>(wrow + k));
-    const float w[8] = {Bf16Lo(wv.x), Bf16Hi(wv.x), Bf16Lo(wv.y), Bf16Hi(wv.y),
-                        Bf16Lo(wv.z), Bf16Hi(wv.z), Bf16Lo(wv.w), Bf16Hi(wv.w)};
+  for (int64_t k0 = lane * 8; k0 < p.d; k0 += 256 * kRowLoads) {
+    uint4 wv[kRowLoads];
 #pragma unroll
-    for (int t = 0; t < TB; ++t) {
-      if (t0 + t >= p.t) break;
-      const float4* xp = reinterpret_cast<const float4*>(p.x + (t0 + t) * p.d + k);
-      const float4 a = __ldg(xp), b = __ldg(xp + 1);
-      const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    for (int i = 0; i < kRowLoads; ++i) {
+      const int64_t k = k0 + 256 * i;
+      wv[i] = k < p.d ? __ldg(reinterpret_cast<const uint4*>(wrow + k)) : make_uint4(0, 0, 0, 0);
+    }
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[t] = fmaf(w[i], x[i], acc[t]);
-      if (write_x) {
-        *reinterpret_cast<uint4*>(p.x_bf16 + (t0 + t) * p.d + k) =
-            make_uint4(PackBf16(a.x, a.y), PackBf16(a.z, a.w), PackBf16(b.x, b.y), PackBf16(b.z, b.w));
+    for (int i = 0; i < kRowLoads; ++i) {
+      const int64_t k = k0 + 256 * i;
+      if (k >= p.d) break;
+      const float w[8] = {Bf16Lo(wv[i].x), Bf16Hi(wv[i].x), Bf16Lo(wv[i].y), Bf16Hi(wv[i].y),
+                          Bf16Lo(wv[i].z), Bf16Hi(wv[i].z), Bf16Lo(wv[i].w), Bf16Hi(wv[i].w)};
+#pragma unroll
+      for (int t = 0; t < TB; ++t) {
+        if (t >= tn) break;
+        const float4* xp = reinterpret_cast<const float4*>(p.x + (t0 + t) * p.d + k);
+        const float4 a = __ldg(xp), b = __ldg(xp + 1);
+        const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[t] = fmaf(w[j], x[j], acc[t]);
       }
     }
   }
-  if (e >= p.experts) return;
 #pragma unroll
   for (int t = 0; t < TB; ++t) {
     float v = acc[t];
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-    if (lane == 0 && t0 + t < p.t) p.logits[(t0 + t) * p.experts + e] = v;
+    if (lane == 0 && t < tn) p.logits[(t0 + t) * p.experts + e] = v;
   }
 }
 
@@ -106,75 +132,78 @@ __device__ int BlockExclusiveScan(int v, int* total, int* warp_sums) {
   return result;
 }
 
-// One block: every token's experts and weights (a warp per token), then counts, offsets, the active list
-// and the entry lists.
-__global__ void __launch_bounds__(kSelectThreads) RouterSelectKernel(MoeRouteParams p) {
-  __shared__ int count[kMaxExperts];
-  __shared__ int warp_sums[33];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+// One token's experts and weights (one warp, lane r < Ek: the r-th entry): entry_expert and entry_weight of
+// the token's Ek entries, in ascending expert id.
+__device__ void SelectToken(const MoeRouteParams& p, int64_t t, int lane) {
   const int E = p.experts, K = p.topk;
-  for (int e = threadIdx.x; e < E; e += kSelectThreads) count[e] = 0;
-  __syncthreads();
-
-  for (int64_t t = warp; t < p.t; t += kSelectThreads / 32) {
-    int sel = -1;  // lane r < K: the r-th choice
-    if (p.pos[t] >= 0) {
-      if (p.tid2eid != nullptr) {
-        if (lane < K) sel = p.tid2eid[int64_t{p.tokens[t]} * K + lane];
-      } else {
-        // Top-K of s + bias: K rounds of a warp arg-max over the lane-held keys (ties: lower id).
-        const float* lt = p.logits + t * E;
-        float key[kMaxExperts / 32];
+  int sel = -1;  // lane r < K: the r-th choice
+  if (p.pos[t] >= 0) {
+    if (p.tid2eid != nullptr) {
+      if (lane < K) sel = p.tid2eid[int64_t{p.tokens[t]} * K + lane];
+    } else {
+      // Top-K of s + bias: K rounds of a warp arg-max over the lane-held keys (ties: lower id).
+      const float* lt = p.logits + t * E;
+      float key[kMaxExperts / 32];
 #pragma unroll
-        for (int i = 0; i < kMaxExperts / 32; ++i) {
+      for (int i = 0; i < kMaxExperts / 32; ++i) {
+        const int e = lane + 32 * i;
+        key[i] = e < E ? Score(lt[e]) + p.bias[e] : -INFINITY;
+      }
+      uint32_t taken = 0;
+      for (int r = 0; r < K; ++r) {
+        float bv = -INFINITY;
+        int bi = kNone;
+#pragma unroll
+        for (int i = 0; i < kMaxExperts / 32; ++i) {  // ids grow with i: strict > keeps the lower id
           const int e = lane + 32 * i;
-          key[i] = e < E ? Score(lt[e]) + p.bias[e] : -INFINITY;
-        }
-        uint32_t taken = 0;
-        for (int r = 0; r < K; ++r) {
-          float bv = -INFINITY;
-          int bi = kNone;
-#pragma unroll
-          for (int i = 0; i < kMaxExperts / 32; ++i) {  // ids grow with i: strict > keeps the lower id
-            const int e = lane + 32 * i;
-            if (e < E && !((taken >> i) & 1u) && (bi == kNone || key[i] > bv)) {
-              bv = key[i];
-              bi = e;
-            }
+          if (e < E && !((taken >> i) & 1u) && (bi == kNone || key[i] > bv)) {
+            bv = key[i];
+            bi = e;
           }
-#pragma unroll
-          for (int off = 16; off > 0; off >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-            if (oi != kNone && (bi == kNone || ov > bv || (ov == bv && oi < bi))) {
-              bv = ov;
-              bi = oi;
-            }
-          }
-          if (bi != kNone && (bi & 31) == lane) taken |= 1u << (bi >> 5);
-          if (lane == r) sel = bi;
         }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+          const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
+          if (oi != kNone && (bi == kNone || ov > bv || (ov == bv && oi < bi))) {
+            bv = ov;
+            bi = oi;
+          }
+        }
+        if (bi != kNone && (bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == r) sel = bi;
       }
     }
-    const bool valid = lane < K && sel >= 0 && sel < E;
-    const float score = valid ? Score(p.logits[t * E + sel]) : 0.f;
-    // The CPU reference's order: sum over the choices in selection order.
-    float sum = 0.f;
-    for (int r = 0; r < K; ++r) sum += __shfl_sync(0xffffffffu, score, r);
-    const float weight = score / (sum + 1e-20f) * p.routed_scale;
-    // Entries of a token in ascending expert id (invalid ones last).
-    const int key = valid ? sel : kNone;
-    int rank = 0;
-    for (int r = 0; r < K; ++r) {
-      const int o = __shfl_sync(0xffffffffu, key, r);
-      rank += (o < key) || (o == key && r < lane);
-    }
-    if (lane < K) {
-      const bool held = valid && p.expert_slot[sel] >= 0;
-      p.entry_expert[t * K + rank] = held ? sel : -1;
-      p.entry_weight[t * K + rank] = held ? weight : 0.f;
-      if (held) atomicAdd(&count[sel], 1);
-    }
+  }
+  const bool valid = lane < K && sel >= 0 && sel < E;
+  const float score = valid ? Score(p.logits[t * E + sel]) : 0.f;
+  // The CPU reference's order: sum over the choices in selection order.
+  float sum = 0.f;
+  for (int r = 0; r < K; ++r) sum += __shfl_sync(0xffffffffu, score, r);
+  const float weight = score / (sum + 1e-20f) * p.routed_scale;
+  // Entries of a token in ascending expert id (invalid ones last).
+  const int key = valid ? sel : kNone;
+  int rank = 0;
+  for (int r = 0; r < K; ++r) {
+    const int o = __shfl_sync(0xffffffffu, key, r);
+    rank += (o < key) || (o == key && r < lane);
+  }
+  if (lane < K) {
+    const bool held = valid && p.expert_slot[sel] >= 0;
+    p.entry_expert[t * K + rank] = held ? sel : -1;
+    p.entry_weight[t * K + rank] = held ? weight : 0.f;
+  }
+}
+
+// Counts, offsets, the active list and the entry lists from entry_expert (one block of kSelectThreads; the
+// entries are complete and visible to the block).
+__device__ void BuildLists(const MoeRouteParams& p, int* count, int* warp_sums) {
+  const int E = p.experts;
+  for (int e = threadIdx.x; e < E; e += kSelectThreads) count[e] = 0;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < p.t * p.topk; i += kSelectThreads) {
+    const int ex = p.entry_expert[i];
+    if (ex >= 0) atomicAdd(&count[ex], 1);
   }
   __syncthreads();
 
@@ -192,17 +221,46 @@ __global__ void __launch_bounds__(kSelectThreads) RouterSelectKernel(MoeRoutePar
   }
   if (threadIdx.x == 0) *p.num_active = active_total;
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < p.t * K; i += kSelectThreads) {
+  for (int64_t i = threadIdx.x; i < p.t * p.topk; i += kSelectThreads) {
     const int ex = p.entry_expert[i];
     if (ex >= 0) p.expert_entries[atomicAdd(&count[ex], 1)] = static_cast<int32_t>(i);
   }
 }
 
+// Decode-sized steps (T <= kFusedSelectTokens): one block selects every token's experts (a warp per token),
+// then builds the lists.
+__global__ void __launch_bounds__(kSelectThreads) RouterSelectKernel(MoeRouteParams p) {
+  __shared__ int count[kMaxExperts];
+  __shared__ int warp_sums[33];
+  GridDepWait();    // the logits
+  GridDepLaunch();  // the up GEMM's blocks may become resident (they wait for this block)
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  for (int64_t t = warp; t < p.t; t += kSelectThreads / 32) SelectToken(p, t, lane);
+  __syncthreads();  // the block's entry writes are visible to the block
+  BuildLists(p, count, warp_sums);
+}
+
+// Larger steps: the per-token selection spread over blocks of kTokenWarps tokens (it is issue-bound: ~2000
+// instructions a token), then one block for the lists.
+__global__ void __launch_bounds__(kTokenWarps * 32) RouterTokensKernel(MoeRouteParams p) {
+  GridDepWait();    // the logits
+  GridDepLaunch();
+  const int64_t t = int64_t{blockIdx.x} * kTokenWarps + (threadIdx.x >> 5);
+  if (t < p.t) SelectToken(p, t, threadIdx.x & 31);
+}
+
+__global__ void __launch_bounds__(kSelectThreads) RouterListsKernel(MoeRouteParams p) {
+  __shared__ int count[kMaxExperts];
+  __shared__ int warp_sums[33];
+  GridDepWait();    // the entries
+  GridDepLaunch();
+  BuildLists(p, count, warp_sums);
+}
+
 template <int TB>
 cudaError_t LaunchLogits(const MoeRouteParams& p, cudaStream_t stream) {
   const dim3 grid((p.experts + kLogitWarps - 1) / kLogitWarps, static_cast<unsigned>((p.t + TB - 1) / TB));
-  RouterLogitsKernel<TB><<<grid, kLogitWarps * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(RouterLogitsKernel<TB>, grid, dim3(kLogitWarps * 32), 0, stream, p);
 }
 
 }  // namespace
@@ -227,12 +285,21 @@ absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
     err = LaunchLogits<2>(p, stream);
   } else if (p.t <= 4) {
     err = LaunchLogits<4>(p, stream);
-  } else {
+  } else if (p.t <= 64) {
     err = LaunchLogits<8>(p, stream);
+  } else {
+    err = LaunchLogits<16>(p, stream);
   }
   DSV4_RETURN_IF_ERROR(CudaStatus(err, "MoE router logits launch"));
-  RouterSelectKernel<<<1, kSelectThreads, 0, stream>>>(p);
-  return CudaStatus(cudaGetLastError(), "MoE router select launch");
+  if (p.t <= kFusedSelectTokens) {
+    return CudaStatus(LaunchPdl(RouterSelectKernel, dim3(1), dim3(kSelectThreads), 0, stream, p),
+                      "MoE router select launch");
+  }
+  const dim3 token_grid(static_cast<unsigned>((p.t + kTokenWarps - 1) / kTokenWarps));
+  DSV4_RETURN_IF_ERROR(CudaStatus(LaunchPdl(RouterTokensKernel, token_grid, dim3(kTokenWarps * 32), 0, stream, p),
+                                  "MoE router token selection launch"));
+  return CudaStatus(LaunchPdl(RouterListsKernel, dim3(1), dim3(kSelectThreads), 0, stream, p),
+                    "MoE router lists launch");
 }
 
 }  // namespace dsv4::kernels::cuda::moe

@@ -4,8 +4,9 @@
 // top-6, FP8 shared expert of width 2048; the 64-expert shard of TP4), small.json and tiny.json; T = 1..256;
 // NVFP4 and MXFP4 experts with subnormal, zero and negative block scales and a shifted MXFP4 exponent range;
 // hash layers with crafted tables (experts with no token, one token, every token, a token naming an expert
-// twice); padding tokens; a bias that sends every token to one expert. Each run prints max abs error, relative
-// error by norm, the worst element and the worst token; NaN never passes; outputs start as NaN. The flash
+// twice); skewed hash routing (20% of the experts take 80% of the picks); padding tokens; a bias that sends
+// every token to one expert. Each CUDA step runs twice and must repeat bit for bit. Each run prints max abs
+// error, relative error by norm, the worst element and the worst token; NaN never passes; outputs start as NaN. The flash
 // test also times the op with CUDA events next to the byte floor. The host-only tests check the packed
 // layout's bit map and exactness without a GPU.
 // Tests whose names contain "Gpu" need a GPU and skip with a message without one.
@@ -250,6 +251,25 @@ Router MakeRouter(int64_t experts, int64_t d, uint64_t seed) {
   return r;
 }
 
+// Skewed hash rows of distinct experts: each pick lands in a hot set of 20% of the experts (every fifth id)
+// with probability 0.8, as the benchmark's skewed routing.
+std::vector<int32_t> SkewedTid2eid(int vocab, int64_t experts, int topk, uint64_t seed) {
+  Rng rng{seed};
+  std::vector<int32_t> t(static_cast<size_t>(vocab) * topk);
+  for (int v = 0; v < vocab; ++v) {
+    for (int i = 0; i < topk;) {
+      const int e = rng.Uniform(0.f, 1.f) < 0.8f ? 5 * rng.Int(static_cast<int>((experts + 4) / 5))
+                                                 : rng.Int(static_cast<int>(experts));
+      if (std::find(&t[static_cast<size_t>(v) * topk], &t[static_cast<size_t>(v) * topk + i], e) !=
+          &t[static_cast<size_t>(v) * topk + i]) {
+        continue;
+      }
+      t[static_cast<size_t>(v) * topk + i++] = e;
+    }
+  }
+  return t;
+}
+
 // Random hash rows of distinct experts.
 std::vector<int32_t> RandomTid2eid(int vocab, int64_t experts, int topk, uint64_t seed) {
   Rng rng{seed};
@@ -450,8 +470,12 @@ struct Pair {
   Pair(const Shape& sh, const HostExperts& hx, const Router& r, const SharedExpert& se, int64_t max_t)
       : sh(sh), cpu(CpuReference(), sh, hx, r, se, max_t), cuda(testing::GetBackends().cuda, sh, hx, r, se, max_t) {}
   bool ok() const { return cpu.ok() && cuda.ok(); }
+  // One step on both backends; the CUDA step runs twice and must repeat bit for bit.
   void Compare(const std::string& what, const Step& st, const Router& r) {
     const std::vector<float> got = cuda.Run(st, r);
+    const std::vector<float> again = cuda.Run(st, r);
+    ASSERT_EQ(got.size(), again.size());
+    EXPECT_EQ(std::memcmp(got.data(), again.data(), got.size() * 4), 0) << what << ": a repeat differs";
     ExpectClose(what, got, cpu.Run(st, r), st, sh.d);
   }
   Shape sh;
@@ -572,6 +596,9 @@ TEST(MoeGpu, FlashNvfp4Tp1) {
     Router rh = r;
     rh.tid2eid = RandomTid2eid(1000, sh.experts, sh.topk, 24);
     p.Compare("flash nvfp4 hash T=64", MakeStep(64, sh.d, 1000, 500, 5), rh);
+    // Skewed: ~24 tokens on each hot expert at T = 256 (the 4-tile passes), one or two on the others.
+    rh.tid2eid = SkewedTid2eid(1000, sh.experts, sh.topk, 25);
+    p.Compare("flash nvfp4 skewed hash T=256", MakeStep(256, sh.d, 1000, 501, 0), rh);
   }
   {
     // The 64-expert shard of TP4 (experts 64..127 held here): tokens routed elsewhere contribute nothing.
