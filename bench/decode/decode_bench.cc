@@ -42,11 +42,9 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 // Device bytes one layer takes at the sweep's largest point: its weights (the largest layer, a ratio-4 one) and
 // its KV slices for max_batch sequences of max_positions.
 int64_t LayerBytes(const Config& full, ExpertFormat experts, int world, int max_batch, int64_t max_positions) {
-  Config one = full;
   const WeightBytes all = CountWeightBytes(full, experts, world);
-  (void)one;
-  // Weights: the resident bytes minus globals, spread over the layers, plus a ratio-4 layer's excess is small
-  // next to the experts; use the mean.
+  // Weights: the resident bytes minus the embedding and the head, spread over the layers (a ratio-4 layer's excess
+  // is small next to its experts); KV: a ratio-4 layer's (the largest) for every layer.
   const int64_t per_layer_weights =
       (all.resident - all.embed_row * full.vocab_size * 2) / std::max<int64_t>(1, full.num_hidden_layers);
   const int64_t kv = (max_positions / 4) * (584 + full.index_head_dim * 4) + full.sliding_window * 584 +
@@ -295,7 +293,10 @@ absl::StatusOr<PointResult> DecodeBench::Run(int batch, int64_t context) {
   // 4. Routing and collectives of one eager step (the probe reads the MoE's counts per layer; the stand-in counts
   // what the collectives would move: in graph replays they are not called from the host at all).
   if (s.comm != nullptr) s.comm->Reset();
-  const std::vector<int32_t> hot = s.o.routing.skewed ? HotExperts(s.o.routing, c.n_routed_experts) : std::vector<int32_t>{};
+  std::vector<std::vector<int32_t>> hot;
+  if (s.o.routing.skewed) {
+    for (int l = 0; l < c.num_hidden_layers; ++l) hot.push_back(HotExperts(s.o.routing, c.n_routed_experts, l));
+  }
   double touched_total = 0;
   if (s.device != nullptr) {
     RoutingProbe probe(*s.backend, {.tokens = batch, .experts = c.n_routed_experts, .topk = c.num_experts_per_tok,

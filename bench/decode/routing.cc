@@ -16,10 +16,10 @@ absl::StatusOr<RoutingSpec> ParseRouting(const std::string& name, uint64_t seed)
   return absl::InvalidArgumentError(absl::StrCat("--routing must be random or skewed, got '", name, "'"));
 }
 
-std::vector<int32_t> HotExperts(const RoutingSpec& spec, int64_t experts) {
+std::vector<int32_t> HotExperts(const RoutingSpec& spec, int64_t experts, int layer) {
   std::vector<int32_t> ids(static_cast<size_t>(experts));
   std::iota(ids.begin(), ids.end(), 0);
-  Rng rng(spec.seed * 7919 + 17);
+  Rng rng(spec.seed * 7919 + 17 + static_cast<uint64_t>(layer) * 104729);
   for (int64_t i = experts - 1; i > 0; --i) std::swap(ids[i], ids[rng.Int(i + 1)]);
   const int64_t hot = std::max<int64_t>(1, std::llround(spec.hot_fraction * static_cast<double>(experts)));
   ids.resize(static_cast<size_t>(std::min(hot, experts)));
@@ -49,7 +49,7 @@ double HotShareAt(double b, int64_t experts, int64_t hot, int64_t topk, double l
 
 double CalibrateHotBias(const RoutingSpec& spec, int64_t experts, int64_t topk, double logit_std) {
   if (!spec.skewed || experts <= topk) return 0.0;
-  const int64_t hot = static_cast<int64_t>(HotExperts(spec, experts).size());
+  const int64_t hot = static_cast<int64_t>(HotExperts(spec, experts, 0).size());
   double lo = 0.0, hi = 4.0;
   for (int i = 0; i < 30; ++i) {
     const double mid = 0.5 * (lo + hi);
@@ -58,19 +58,20 @@ double CalibrateHotBias(const RoutingSpec& spec, int64_t experts, int64_t topk, 
   return 0.5 * (lo + hi);
 }
 
-std::vector<float> GateBias(const RoutingSpec& spec, int64_t experts, double hot_bias, uint64_t seed) {
-  Rng rng(seed);
+std::vector<float> GateBias(const RoutingSpec& spec, int64_t experts, double hot_bias, uint64_t seed, int layer) {
+  Rng rng(seed + static_cast<uint64_t>(layer) * 7);
   std::vector<float> bias(static_cast<size_t>(experts));
   for (float& b : bias) b = rng.Uniform(-0.1f, 0.1f);
   if (spec.skewed) {
-    for (int32_t e : HotExperts(spec, experts)) bias[e] += static_cast<float>(hot_bias);
+    for (int32_t e : HotExperts(spec, experts, layer)) bias[e] += static_cast<float>(hot_bias);
   }
   return bias;
 }
 
-std::vector<int64_t> Tid2Eid(const RoutingSpec& spec, int64_t vocab, int64_t experts, int64_t topk, uint64_t seed) {
-  Rng rng(seed);
-  const std::vector<int32_t> hot = HotExperts(spec, experts);
+std::vector<int64_t> Tid2Eid(const RoutingSpec& spec, int64_t vocab, int64_t experts, int64_t topk, uint64_t seed,
+                             int layer) {
+  Rng rng(seed + static_cast<uint64_t>(layer) * 13);
+  const std::vector<int32_t> hot = HotExperts(spec, experts, layer);
   std::vector<uint8_t> is_hot(static_cast<size_t>(experts), 0);
   for (int32_t e : hot) is_hot[e] = 1;
   const bool can_skew = spec.skewed && static_cast<int64_t>(hot.size()) >= topk && experts - static_cast<int64_t>(hot.size()) >= topk;
@@ -96,7 +97,7 @@ std::vector<int64_t> Tid2Eid(const RoutingSpec& spec, int64_t vocab, int64_t exp
 double ExpectedTouched(const RoutingSpec& spec, int64_t experts, int64_t held, int64_t topk, int64_t tokens) {
   // Per pick: hot experts share hot_share, the others the rest (random: uniform). An expert is missed by a token
   // with probability ~(1 - p_e)^topk.
-  const int64_t hot = spec.skewed ? static_cast<int64_t>(HotExperts(spec, experts).size()) : 0;
+  const int64_t hot = spec.skewed ? static_cast<int64_t>(HotExperts(spec, experts, 0).size()) : 0;
   const double p_hot = spec.skewed ? spec.hot_share / static_cast<double>(hot) : 1.0 / static_cast<double>(experts);
   const double p_cold = spec.skewed ? (1.0 - spec.hot_share) / static_cast<double>(experts - hot)
                                     : 1.0 / static_cast<double>(experts);

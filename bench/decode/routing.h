@@ -24,19 +24,21 @@ struct RoutingSpec {
 };
 absl::StatusOr<RoutingSpec> ParseRouting(const std::string& name, uint64_t seed);
 
-// The hot experts (sorted ids; round(hot_fraction * experts) of them, seeded).
-std::vector<int32_t> HotExperts(const RoutingSpec& spec, int64_t experts);
+// The hot experts of a layer (sorted ids; round(hot_fraction * experts) of them, seeded by the spec and the layer:
+// each layer has its own hot set, as each layer of a trained model has its own popular experts).
+std::vector<int32_t> HotExperts(const RoutingSpec& spec, int64_t experts, int layer);
 
 // The gate.bias that makes hot experts take `hot_share` of the top-k picks when each expert's logit is
 // N(0, logit_std^2) and the score is sqrt(softplus(logit)) (Monte Carlo, seeded; bisection on b).
 double CalibrateHotBias(const RoutingSpec& spec, int64_t experts, int64_t topk, double logit_std);
 
 // gate.bias [E]: +-0.1 uniform (random), plus `hot_bias` on the hot experts (skewed).
-std::vector<float> GateBias(const RoutingSpec& spec, int64_t experts, double hot_bias, uint64_t seed);
+std::vector<float> GateBias(const RoutingSpec& spec, int64_t experts, double hot_bias, uint64_t seed, int layer);
 
 // tid2eid [V, K] as int64: K distinct experts per token id; skewed: each pick from the hot set with probability
 // hot_share.
-std::vector<int64_t> Tid2Eid(const RoutingSpec& spec, int64_t vocab, int64_t experts, int64_t topk, uint64_t seed);
+std::vector<int64_t> Tid2Eid(const RoutingSpec& spec, int64_t vocab, int64_t experts, int64_t topk, uint64_t seed,
+                             int layer);
 
 // Expected distinct experts among `held` (of `experts`) that `tokens` tokens touch with top-k routing under the
 // spec (used where no probe can read the device's routing: the CPU backend).

@@ -52,7 +52,10 @@ void RoutingProbe::Read() {
     }
     r.touched += c > 0;
     r.pairs += c;
-    if (std::binary_search(s.hot.begin(), s.hot.end(), static_cast<int32_t>(e))) r.hot_pairs += c;
+    const size_t layer = layers_.size();
+    if (layer < s.hot.size() && std::binary_search(s.hot[layer].begin(), s.hot[layer].end(), static_cast<int32_t>(e))) {
+      r.hot_pairs += c;
+    }
   }
   if (r.pairs > s.tokens * s.topk) {
     status_ = absl::DataLossError(absl::StrCat("routing probe: ", r.pairs, " token-expert pairs for ", s.tokens,

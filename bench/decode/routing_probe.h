@@ -19,7 +19,7 @@ struct ProbeShape {
   int64_t tokens = 0;   // T of the step (the decode bucket)
   int64_t experts = 0, topk = 0, dim = 0, inter = 0, shared_inter = 0;  // shared_inter: this rank's
   int64_t held_begin = 0, held_end = 0;                                  // the rank's experts
-  std::vector<int32_t> hot{};                                            // hot experts (skewed routing), sorted
+  std::vector<std::vector<int32_t>> hot{};  // per layer: its hot experts (skewed routing), sorted; empty: none
 };
 
 struct LayerRouting {

@@ -147,14 +147,14 @@ absl::StatusOr<SyntheticWeights> MakeSyntheticWeights(const Config& c, ExpertFor
       ++window;
       const uint64_t spread = (window * 0x9e3779b97f4a7c15ull) >> 20;
       if (p.kind == ParamKind::kTid2Eid) {
-        v.data = owned(key + ".tid2eid", bytes, [&](uint8_t* d) {
+        v.data = owned(p.name, bytes, [&](uint8_t* d) {  // per layer
           const std::vector<int64_t> ids = Tid2Eid(routing, c.vocab_size, c.n_routed_experts, c.num_experts_per_tok,
-                                                   seed ^ 0x71d);
+                                                   seed ^ 0x71d, p.layer);
           std::memcpy(d, ids.data(), static_cast<size_t>(bytes));
         });
       } else if (p.kind == ParamKind::kRouterBias) {
-        v.data = owned(key + ".bias", bytes, [&](uint8_t* d) {
-          const std::vector<float> b = GateBias(routing, c.n_routed_experts, out.hot_bias, seed ^ 0xb1a5);
+        v.data = owned(p.name, bytes, [&](uint8_t* d) {  // per layer
+          const std::vector<float> b = GateBias(routing, c.n_routed_experts, out.hot_bias, seed ^ 0xb1a5, p.layer);
           std::memcpy(d, b.data(), static_cast<size_t>(bytes));
         });
       } else if (p.kind == ParamKind::kEmbedding) {  // 1 GB at flash: generated in parallel
@@ -169,9 +169,12 @@ absl::StatusOr<SyntheticWeights> MakeSyntheticWeights(const Config& c, ExpertFor
         });
       } else if (p.format == WeightFormat::kBF16 || p.format == WeightFormat::kF32) {
         const gen::Init init = gen::InitFor(p, L);
-        v.data = owned(key, bytes, [&](uint8_t* d) {
+        // The router of each layer is its own (2 MB): a router shared by every layer would send a token to the same
+        // experts in every layer, since the residual stream changes slowly from layer to layer.
+        const std::string k = p.kind == ParamKind::kRouter ? p.name : key;
+        v.data = owned(k, bytes, [&](uint8_t* d) {
           if (t.dtype == DType::kBF16) {
-            FillBf16(seed ^ Hash(key), init.offset, init.scale, reinterpret_cast<uint16_t*>(d), bytes / 2);
+            FillBf16(seed ^ Hash(k), init.offset, init.scale, reinterpret_cast<uint16_t*>(d), bytes / 2);
           } else {
             const std::vector<uint8_t> b = gen::UnquantizedBytes(p, L, seed ^ Hash(key));
             std::memcpy(d, b.data(), static_cast<size_t>(bytes));
