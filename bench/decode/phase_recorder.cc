@@ -39,8 +39,13 @@ void PhaseRecorder::Mark(int label) {
     return;
   }
   if (stream_ != nullptr) {
-    if (cudaEventRecordWithFlags(static_cast<cudaEvent_t>(events_[used_]), static_cast<cudaStream_t>(stream_),
-                                 cudaEventRecordExternal) != cudaSuccess) {
+    // Capturing: an event-record node of the graph; otherwise an ordinary record.
+    auto* stream = static_cast<cudaStream_t>(stream_);
+    auto* event = static_cast<cudaEvent_t>(events_[used_]);
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+        (capture == cudaStreamCaptureStatusActive ? cudaEventRecordWithFlags(event, stream, cudaEventRecordExternal)
+                                                  : cudaEventRecord(event, stream)) != cudaSuccess) {
       failed_ = true;
       return;
     }
