@@ -24,10 +24,14 @@ std::string SourceDir() {
   return d != nullptr ? d : ".";
 }
 
-// The bench program: $DSV4_DECODE_BENCH_BIN, else beside this test (a bundle copied to another machine), else the
-// build tree's.
+// The bench program: $DSV4_DECODE_BENCH_BIN, else under $DSV4_BINARY_DIR in the build layout (ctest; the
+// gpu-tests bundle), else beside this test, else the build tree's.
 std::string BenchBinary() {
   if (const char* env = std::getenv("DSV4_DECODE_BENCH_BIN"); env != nullptr && *env != 0) return env;
+  if (const char* dir = std::getenv("DSV4_BINARY_DIR"); dir != nullptr && *dir != 0) {
+    const std::filesystem::path p = std::filesystem::path(dir) / "bench/decode/dsv4-decode-bench";
+    if (std::filesystem::exists(p)) return p.string();
+  }
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec && std::filesystem::exists(self.parent_path() / "dsv4-decode-bench")) {
