@@ -43,7 +43,8 @@ std::string BenchBinary() {
 // Runs the bench with `args`; returns its JSON (and checks the exit status and the SVG).
 nlohmann::json RunBench(const std::string& name, const std::string& args) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / absl::StrCat("decode_bench_", name, "_", ::getpid());
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
   const std::string json = (dir / "out.json").string(), svg = (dir / "out.svg").string(), log = (dir / "log.txt").string();
   const std::string cmd = absl::StrCat(BenchBinary(), " ", args, " --json=", json, " --svg=", svg, " > ", log,
                                        " 2>&1");
@@ -61,6 +62,7 @@ nlohmann::json RunBench(const std::string& name, const std::string& args) {
   if (jf.good()) j = nlohmann::json::parse(jf, nullptr, /*allow_exceptions=*/false);
   EXPECT_FALSE(j.is_discarded()) << "JSON does not parse";
   std::printf("%s", out.c_str());
+  std::filesystem::remove_all(dir, ec);
   return j;
 }
 
