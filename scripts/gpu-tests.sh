@@ -37,9 +37,10 @@ for t in tests:
 for binary, filters in by_binary.items():
     print(binary, ":".join(filters))
 ' > "$dir/tests.txt"
-    # The programs the process tests start (gpu_worker_test, tp_gpu_test: BinaryPath() under DSV4_BINARY_DIR), in
-    # the build folder's layout.
-    programs="worker/dsv4-worker tools/generate/dsv4-generate tools/make_checkpoint/dsv4-make-checkpoint"
+    # The programs the process tests start (gpu_worker_test, tp_gpu_test: BinaryPath() under DSV4_BINARY_DIR;
+    # decode_bench_gpu_test: the decode bench), in the build folder's layout.
+    programs="worker/dsv4-worker tools/generate/dsv4-generate tools/make_checkpoint/dsv4-make-checkpoint
+              bench/decode/dsv4-decode-bench"
     bash ../shared/gpu/bundle.sh "$dir" $(cut -d" " -f1 "$dir/tests.txt") $(printf "$build/%s " $programs) > /dev/null
     for p in $programs; do mkdir -p "$dir/$(dirname "$p")" && mv "$dir/bin/$(basename "$p")" "$dir/$p"; done
     sed -i 's#^[^ ]*/#bin/#' "$dir/tests.txt"

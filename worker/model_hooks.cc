@@ -37,6 +37,7 @@ absl::Status CommCollectives::GatherVocab(const float* local, int64_t rows, int6
 metrics::Phase PhaseTimerHook::ToMetrics(model::Phase p) {
   switch (p) {
     case model::Phase::kAttention: return metrics::Phase::kAttention;
+    case model::Phase::kIndexer: return metrics::Phase::kAttention;  // the served attention share includes it
     case model::Phase::kMoe: return metrics::Phase::kMoe;
     case model::Phase::kDense: return metrics::Phase::kDense;
     case model::Phase::kComm: return metrics::Phase::kComm;

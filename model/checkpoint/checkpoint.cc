@@ -105,6 +105,22 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   return ckpt;
 }
 
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::InMemory(std::string label, std::vector<TensorView> tensors,
+                                                                 std::shared_ptr<const void> keep_alive) {
+  if (tensors.empty()) return absl::InvalidArgumentError(absl::StrCat("in-memory checkpoint ", label, ": no tensors"));
+  std::unique_ptr<Checkpoint> ckpt(new Checkpoint());
+  ckpt->dir_ = std::move(label);
+  ckpt->keep_alive_ = std::move(keep_alive);
+  for (TensorView& v : tensors) {
+    std::string name = v.name;
+    if (!ckpt->memory_.emplace(name, std::move(v)).second) {
+      return absl::InvalidArgumentError(absl::StrCat("in-memory checkpoint ", ckpt->dir_, ": tensor ", name,
+                                                     " given twice"));
+    }
+  }
+  return ckpt;
+}
+
 std::string Checkpoint::PathOf(absl::string_view file) const {
   if (dir_.empty()) return std::string(file);
   return dir_.back() == '/' ? absl::StrCat(dir_, file) : absl::StrCat(dir_, "/", file);
@@ -112,13 +128,15 @@ std::string Checkpoint::PathOf(absl::string_view file) const {
 
 std::vector<std::string> Checkpoint::Names() const {
   std::vector<std::string> names;
-  names.reserve(shard_of_.size());
+  names.reserve(shard_of_.size() + memory_.size());
   for (const auto& [name, shard] : shard_of_) names.push_back(name);
+  for (const auto& [name, view] : memory_) names.push_back(name);
   std::sort(names.begin(), names.end());
   return names;
 }
 
 absl::StatusOr<std::string> Checkpoint::ShardOf(absl::string_view name) const {
+  if (memory_.contains(name)) return std::string("(memory)");
   auto it = shard_of_.find(name);
   if (it == shard_of_.end()) {
     return absl::NotFoundError(absl::StrCat(name, ": no such tensor in checkpoint ", dir_));
@@ -136,6 +154,7 @@ absl::StatusOr<const SafetensorsFile*> Checkpoint::Shard(int index) const {
 }
 
 absl::StatusOr<TensorView> Checkpoint::Get(absl::string_view name) const {
+  if (auto m = memory_.find(name); m != memory_.end()) return m->second;
   auto it = shard_of_.find(name);
   if (it == shard_of_.end()) {
     return absl::NotFoundError(absl::StrCat(name, ": no such tensor in checkpoint ", dir_));
@@ -153,9 +172,11 @@ absl::StatusOr<TensorView> Checkpoint::Expect(absl::string_view name, DType dtyp
                                               const std::vector<int64_t>& shape) const {
   DSV4_ASSIGN_OR_RETURN(TensorView view, Get(name));
   if (view.dtype != dtype || view.shape != shape) {
+    const auto shard = shard_of_.find(name);
     return absl::InvalidArgumentError(absl::StrCat(name, ": expected ", DescribeTensor(dtype, shape), ", found ",
                                                    DescribeTensor(view.dtype, view.shape), " (in ",
-                                                   PathOf(shard_files_[shard_of_.find(name)->second]), ")"));
+                                                   shard == shard_of_.end() ? dir_ : PathOf(shard_files_[shard->second]),
+                                                   ")"));
   }
   return view;
 }

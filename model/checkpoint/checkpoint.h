@@ -43,13 +43,19 @@ class Checkpoint {
   // index that is not {"weight_map": {name: "file.safetensors"}}, a shard name that leaves the
   // folder, and a missing shard file.
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  // A checkpoint held in memory instead of a folder (bench/decode builds its synthetic weights this way): the
+  // views point into memory that `keep_alive` owns (or that outlives the Checkpoint); several views may share
+  // bytes. `label` stands for the folder in messages. Refuses an empty list and a name given twice. Has no
+  // config.json (ReadConfigJson is NotFound).
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> InMemory(std::string label, std::vector<TensorView> tensors,
+                                                             std::shared_ptr<const void> keep_alive);
 
   const std::string& dir() const { return dir_; }
   // Shard file names (relative to dir), sorted.
   const std::vector<std::string>& shard_files() const { return shard_files_; }
   // Every tensor name, sorted.
   std::vector<std::string> Names() const;
-  bool Has(absl::string_view name) const { return shard_of_.contains(name); }
+  bool Has(absl::string_view name) const { return shard_of_.contains(name) || memory_.contains(name); }
   // Shard file name holding `name`; NotFound when absent.
   absl::StatusOr<std::string> ShardOf(absl::string_view name) const;
 
@@ -79,6 +85,9 @@ class Checkpoint {
   absl::flat_hash_map<std::string, int> shard_of_;  // tensor -> index into shard_files_
   mutable absl::Mutex mu_;
   mutable std::vector<std::unique_ptr<SafetensorsFile>> shards_ ABSL_GUARDED_BY(mu_);
+  // InMemory only: the tensors (no shard files) and what owns their bytes.
+  absl::flat_hash_map<std::string, TensorView> memory_;
+  std::shared_ptr<const void> keep_alive_;
 };
 
 }  // namespace dsv4::ckpt

@@ -83,6 +83,7 @@ void AttentionSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, cons
   }
   if (w.ratio == 4) {
     // The indexer's own compressor runs before scoring, so a row emitted this step is scoreable now.
+    m.BeginPhase(Phase::kIndexer);
     ops.Compressor({.state_kv = s.cache.StateKv(layer, true), .state_score = s.cache.StateScore(layer, true),
                     .state_stride = s.cache.StateStride(), .kv = ws.idx_kv.as<float>(),
                     .gate = ws.idx_gate.as<float>(), .ape = w.idx_compressor.ape.ptr(),
@@ -97,6 +98,7 @@ void AttentionSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, cons
                  .target_tables = s.tables[static_cast<int>(KvPool::kCompressed4)], .step = s.step,
                  .selected = ws.selected.as<int32_t>(), .selected_count = ws.selected_count.as<int32_t>(),
                  .heads = IH, .dim = ID, .k = c.index_topk, .max_rows = m.options.max_context / 4});
+    m.BeginPhase(Phase::kAttention);
   }
 
   // Sparse attention over window + compressed rows.

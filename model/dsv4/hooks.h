@@ -28,8 +28,10 @@ class Collectives {
   virtual absl::Status Flush() { return absl::OkStatus(); }
 };
 
-// Where the forward is: the sublayer phases of decode-time accounting.
-enum class Phase { kAttention, kMoe, kDense, kComm, kOther };
+// Where the forward is: the sublayer phases of decode-time accounting. kIndexer is the indexer's compressor and
+// top-k scoring inside the attention sublayer (the worker's metrics count it as attention; bench/decode shows it
+// apart).
+enum class Phase { kAttention, kMoe, kDense, kComm, kOther, kIndexer };
 
 class PhaseHook {
  public:

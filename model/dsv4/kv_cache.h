@@ -50,6 +50,9 @@ class KvCache {
   float* StateKv(int layer, bool indexer) const;
   float* StateScore(int layer, bool indexer) const;
   int64_t StateStride() const { return slot_floats_; }
+  // The whole storage of a pool (every layer's slice) and of the state: for a benchmark's synthetic fill.
+  const kernels::Buffer& Storage(KvPool pool) const { return storage_[static_cast<int>(pool)]; }
+  float* StateBase() const { return state_.as<float>(); }
   // Enqueues the reset of a slot's state (kv 0, score -inf) on the backend.
   void ResetSlot(kernels::Backend& backend, int slot);
   // Tokens this slot has consumed (the next position it accepts); host bookkeeping.

@@ -59,12 +59,20 @@ const Config& Dsv4Model::config() const { return impl_->full_config; }
 const ModelOptions& Dsv4Model::options() const { return impl_->options; }
 
 absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const std::string& dir, const ModelOptions& options) {
+  DSV4_ASSIGN_OR_RETURN(const Config config, LoadConfig(dir));
+  DSV4_RETURN_IF_ERROR(CheckSupported(config, options));
+  DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::Checkpoint> ck, ckpt::Checkpoint::Open(dir));
+  return Load(*ck, config, options);
+}
+
+absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ckpt::Checkpoint& checkpoint, const Config& config,
+                                                           const ModelOptions& options) {
   auto impl = std::make_unique<Impl>();
-  DSV4_ASSIGN_OR_RETURN(impl->config, LoadConfig(dir));
+  impl->config = config;
   DSV4_RETURN_IF_ERROR(CheckSupported(impl->config, options));
   impl->options = options;
   impl->backend = options.backend;
-  DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::Checkpoint> ck, ckpt::Checkpoint::Open(dir));
+  const ckpt::Checkpoint* ck = &checkpoint;
   impl->full_config = impl->config;
   if (options.shard.world > 1) {
     DSV4_ASSIGN_OR_RETURN(ShardLayout layout, PlanShardLayout(impl->config, options.shard));
@@ -226,6 +234,33 @@ void Dsv4Model::Impl::AllReduce(float* y, int64_t n) {
 }
 
 void Dsv4Model::SetPhaseHook(PhaseHook* hook) { impl_->options.phase_hook = hook; }
+
+Dsv4Model::CacheMemory Dsv4Model::CacheMemoryForBench() const {
+  const KvCache& cache = *impl_->cache;
+  CacheMemory mem;
+  if (!cache.allocated()) return mem;
+  for (int p = 0; p < kNumKvPools; ++p) {
+    const auto pool = static_cast<KvPool>(p);
+    mem.pool[p] = cache.Storage(pool).data();
+    mem.pool_bytes[p] = cache.Storage(pool).bytes();
+    mem.fp8_rows[p] = cache.Format(pool) == kernels::KvFormat::kFp8Row584;
+  }
+  mem.state = cache.StateBase();
+  mem.state_floats = cache.StateStride() * cache.slots();
+  return mem;
+}
+
+absl::Status Dsv4Model::SetSlotPositionForBench(int32_t slot, int64_t positions) {
+  KvCache& cache = *impl_->cache;
+  if (!cache.allocated()) return absl::FailedPreconditionError("SetSlotPositionForBench before AllocateCache");
+  if (slot < 0 || slot >= cache.slots())
+    return absl::InvalidArgumentError(absl::StrCat("state_slot ", slot, " out of [0, ", cache.slots(), ")"));
+  if (positions < 0 || positions >= impl_->options.max_context)
+    return absl::InvalidArgumentError(absl::StrCat("positions ", positions, " out of [0, max_context ",
+                                                   impl_->options.max_context, ")"));
+  cache.next_pos(slot) = positions;
+  return absl::OkStatus();
+}
 
 namespace {
 

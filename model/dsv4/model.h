@@ -38,6 +38,10 @@
 #include "model/dsv4/shard.h"
 #include "model/dsv4/step.h"
 
+namespace dsv4::ckpt {
+class Checkpoint;
+}
+
 namespace dsv4::model {
 
 // kExact: fp32 everywhere, no quantisation simulation: what transformers' DeepseekV4ForCausalLM computes in fp32.
@@ -79,6 +83,10 @@ struct ModelOptions {
 class Dsv4Model {
  public:
   static absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(const std::string& checkpoint_dir,
+                                                         const ModelOptions& options);
+  // The same from an open checkpoint and its config (e.g. ckpt::Checkpoint::InMemory: bench/decode's synthetic
+  // weights). `checkpoint` is read during the call only.
+  static absl::StatusOr<std::unique_ptr<Dsv4Model>> Load(const ckpt::Checkpoint& checkpoint, const Config& config,
                                                          const ModelOptions& options);
   ~Dsv4Model();
 
@@ -131,6 +139,19 @@ class Dsv4Model {
   // Decode time by phase (hooks.h): replaces ModelOptions::phase_hook (null = none). The forward marks
   // attention, MoE, dense (projections, norms, head) and comm (collectives); the caller owns step boundaries.
   void SetPhaseHook(PhaseHook* hook);
+
+  // Benchmarks only (bench/decode fills the cache with synthetic rows instead of prefilling B x N tokens):
+  // the backend memory of every pool and of the compressor state (after AllocateCache), and a state slot marked
+  // as having consumed `positions` tokens, as if they had been written (its next chunk starts there).
+  struct CacheMemory {
+    std::array<void*, kNumKvPools> pool{};          // every layer's slice of the pool, back to back
+    std::array<int64_t, kNumKvPools> pool_bytes{};
+    std::array<bool, kNumKvPools> fp8_rows{};       // the 584-byte FP8 record (else fp32 rows of the pool's dim)
+    float* state = nullptr;                         // every slot's compressor state (fp32)
+    int64_t state_floats = 0;
+  };
+  CacheMemory CacheMemoryForBench() const;
+  absl::Status SetSlotPositionForBench(int32_t state_slot, int64_t positions);
 
   struct Impl;  // opaque; model/dsv4/forward.h defines it for the sublayer files
 
