@@ -40,9 +40,14 @@ if [ -f "$B/prometheus.xz" ] && [ ! -x "$B/bin/prometheus" ]; then xz -dc "$B/pr
 export PATH=$B/bin:$PATH
 
 # step NAME LIMIT CMD...: runs CMD with a time limit, logs to $L/NAME.log, prints its key lines.
+# DEADLINE (s after start, default 185) caps every step, so the summary and logs.tgz are always written.
+DEADLINE=${DEADLINE:-185}
 step() {
   local name=$1 limit=$2; shift 2
   local s; s=$(date +%s)
+  local left=$((DEADLINE - (s - T0)))
+  if [ "$left" -lt 5 ]; then echo "=== $name skipped (deadline)" | tee "$L/$name.log"; return; fi
+  [ "$limit" -gt "$left" ] && limit=$left
   echo "=== $name (limit ${limit}s, at +$((s - T0))s)"
   timeout -k 5 "$limit" bash -c "$*" > "$L/$name.log" 2>&1
   local rc=$?
