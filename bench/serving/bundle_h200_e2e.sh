@@ -16,7 +16,7 @@ rm -rf "$out" "$out.tar.xz"
 strip "$out"/bin/* "$out"/lib/* 2> /dev/null || true
 mkdir -p "$out/scripts" "$out/configs" "$out/tests/deploy" "$out/stubs"
 cp scripts/run-main.sh "$out/scripts/"
-cp configs/*.json "$out/configs/"
+cp configs/*.json bench/load/medium.json "$out/configs/"
 cp tests/deploy/*.py "$out/tests/deploy/"
 cp bench/serving/h200_e2e.sh "$out/run.sh"
 protoc -Iproto --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" --python_out="$out/stubs" \

@@ -5,6 +5,8 @@
 #   disk       raw disk read rate (dd iflag=direct), buffered cold and warm reads of the checkpoint file
 #   load_warm  dsv4-load-bench: copy bandwidth pinned / pageable, streamed and mapped loads from the page cache
 #   load_cold  the same with the page cache dropped (drop_caches as root, else posix_fadvise DONTNEED) before each
+#   medium     a 16-layer synthetic checkpoint (bench/load/medium.json, ~6.5 GB) loaded streamed and mapped, warm
+#              and cold (not in the default STEPS)
 #   serve      dsv4-worker --backend cuda (production, CUDA graphs) + dsv4-coordinator on the small checkpoint,
 #              dsv4-bench greedy and sampled at concurrency 1,4,16,64, then a scrape of the worker's /metrics
 #   prom       tests/deploy/prometheus_e2e_test.py with DSV4_E2E_BACKEND=cuda (Debian's prometheus carried along)
@@ -80,6 +82,12 @@ s_load_cold() {
   drop_caches
   "$B/bin/dsv4-load-bench" --checkpoint "$D/small" --modes streamed --repeat 1 --threads 8 --cold --copy_mib 64 2>&1 | grep "^load"
 }
+s_medium() {
+  "$B/bin/dsv4-make-checkpoint" --config "$B/configs/medium.json" --seed 1 --out "$D/medium" | tail -3
+  "$B/bin/dsv4-load-bench" --checkpoint "$D/medium" --modes streamed,mapped --repeat 1 --copy_mib 256 2>&1 | grep -v "\[info\]"
+  drop_caches
+  "$B/bin/dsv4-load-bench" --checkpoint "$D/medium" --modes streamed,mapped --repeat 1 --cold --copy_mib 64 2>&1 | grep "^load"
+}
 wait_file() { for _ in $(seq $(($2 * 10))); do [ -s "$1" ] && return 0; sleep 0.1; done; return 1; }
 field() { tr ' ' '\n' < "$1" | sed -n "s/^$2=//p"; }
 s_serve() {
@@ -119,7 +127,7 @@ s_runmain() { BUILD_DIR=build SKIP_BUILD=1 NUM_PROMPTS=8 CONCURRENCY=1,4 OUTPUT_
 s_wstream() { DSV4_SOURCE_DIR=$B "$B/bin/weight_stream_cuda_test"; }
 
 export B OUT L REPO D T0 CKPT_CONFIG SERVE_FLAGS E2E_BACKEND PYTHON
-export -f drop_caches wait_file field s_info s_ckpt s_disk s_load_warm s_load_cold s_serve s_prom s_runmain s_wstream
+export -f drop_caches wait_file field s_medium s_info s_ckpt s_disk s_load_warm s_load_cold s_serve s_prom s_runmain s_wstream
 for s in $STEPS; do
   case $s in
     info) step info 30 s_info ;;
@@ -127,6 +135,7 @@ for s in $STEPS; do
     disk) step disk 40 s_disk ;;
     load_warm) step load_warm 60 s_load_warm ;;
     load_cold) step load_cold 60 s_load_cold ;;
+    medium) step medium 120 s_medium ;;
     serve) step serve 200 s_serve ;;
     parallel)
       step prom 150 s_prom &
@@ -137,7 +146,7 @@ for s in $STEPS; do
   esac
 done
 echo "=== total $(($(date +%s) - T0))s"
-for f in info disk load_warm load_cold; do echo "----- $f"; grep -v "^\[" "$L/$f.log" | tail -n 25; done
+for f in info disk load_warm load_cold medium; do [ -f "$L/$f.log" ] || continue; echo "----- $f"; grep -v "^\[" "$L/$f.log" | tail -n 25; done
 echo "----- serve"; grep -E "^(===|---|run |concurrency=|worker ready|dsv4_decode|dsv4_attention|dsv4_startup_(weight|graph_capture_seconds|total))|weights:|CUDA graphs|max concurrent|memory plan|^  (weights|KV|graphs|workspace|left|other)" "$L/serve.log" | grep -v "^{" | head -90
 echo "----- prom"; grep -E "^(GPU|OK|FAIL|Ran|===|AssertionError|Error)|Error" "$L/prom.log" | head -20
 echo "----- runmain"; grep -E "run-main|^concurrency=|^run |===" "$L/runmain.log" | head -30
