@@ -42,14 +42,15 @@ ASAN_TARGETS=(checkpoint_test config_test worker_test coordinator_test dsv4-coor
 ASAN_EXCLUDE='_NOT_BUILT$|^(deploy_checks|prometheus_e2e|worker_phase_metrics)$'
 FUZZERS=(safetensors_fuzzer checkpoint_index_fuzzer config_fuzzer quant_config_fuzzer request_fuzzer
          step_plan_fuzzer)
-# TSan: where our threads meet: the engine thread and its callers (fake executor), the coordinator's watcher,
+# TSan: where our threads meet: the checkpoint stream reader's readers and its consumer, the engine thread and its
+# callers (fake executor), the coordinator's watcher,
 # calls and failover over real gRPC with in-process fake workers, the lock-step leader/followers, the rendezvous
 # store and Gloo communicators (comm_peer processes are instrumented too). Built without the model
 # (DSV4_BUILD_MODEL=OFF): tests that need dsv4-worker skip or are not selected. Left to the main run: tests with
 # tight timing bounds (TSan slows them several times) and the kill/hang/missing-peer tests, whose assertions are
 # about failure timing and whose Gloo teardown paths race inside Gloo itself.
-TSAN_TARGETS=(worker_test coordinator_test comm_test comm_peer sanitizer_canary)
-TSAN_TESTS='^(Engine|KvManager|Sampler|PageAllocator|RequestValidation|CoordinatorTest|BenchStatsTest|BenchWorkloadTest|WorkerListTest|ParseHostPortTest|LocalCommunicatorTest|BroadcastBytesTest|ValidateRankWorldTest|TcpStoreTest|GlooCommunicatorTest|GlooProcessTest|LockstepTest|RendezvousTest|StepPlanTest)\.|^sanitizer_canary_'
+TSAN_TARGETS=(worker_test coordinator_test comm_test comm_peer sanitizer_canary checkpoint_test)
+TSAN_TESTS='^(StreamReaderTest|Engine|KvManager|Sampler|PageAllocator|RequestValidation|CoordinatorTest|BenchStatsTest|BenchWorkloadTest|WorkerListTest|ParseHostPortTest|LocalCommunicatorTest|BroadcastBytesTest|ValidateRankWorldTest|TcpStoreTest|GlooCommunicatorTest|GlooProcessTest|LockstepTest|RendezvousTest|StepPlanTest)\.|^sanitizer_canary_'
 # Also left to the main run: the two tests that observe prometheus-cpp histograms from the engine thread; Debian's
 # prometheus-cpp is not built with TSan and its Histogram::Observe mutex is misreported as "unlock of an unlocked mutex".
 TSAN_EXCLUDE='^(CoordinatorTest\.PromptTokensCountEachPrefillOnce|Engine\.PromptTokensCountWhatThisWorkerPrefilled|RendezvousTest\.MismatchedCheckpointIsRefused|TcpStoreTest\.WaitTimesOutNamingTheMissingKeys|LockstepTest\.FollowerKilled.*|GlooProcessTest\.(KilledPeer|HungPeer|MissingPeer).*)$'

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
 #include "kernels/device_control.h"
@@ -174,11 +175,13 @@ absl::StatusOr<std::unique_ptr<metrics::PhaseTimer>> MakePhaseTimer(const Dsv4Ex
     DSV4_ASSIGN_OR_RETURN(std::unique_ptr<metrics::CudaPhaseTimer> timer,
                           metrics::MakeCudaPhaseTimer(o.phase_sink, static_cast<cudaStream_t>(device->stream()),
                                                       options));
+    DSV4_LOG_INFO("phase timing: CUDA events on the backend's stream, 1 decode step in {}", options.sample_every);
     return std::unique_ptr<metrics::PhaseTimer>(std::move(timer));
 #else
     return absl::FailedPreconditionError("a device backend in a build without CUDA");
 #endif
   }
+  DSV4_LOG_INFO("phase timing: monotonic clock on the CPU, 1 decode step in {}", options.sample_every);
   return metrics::MakeCpuPhaseTimer(o.phase_sink, options);
 }
 

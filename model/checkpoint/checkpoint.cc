@@ -168,6 +168,21 @@ absl::StatusOr<TensorView> Checkpoint::Get(absl::string_view name) const {
   return shard->View(*entry);
 }
 
+absl::StatusOr<TensorLocation> Checkpoint::Locate(absl::string_view name) const {
+  auto it = shard_of_.find(name);
+  if (it == shard_of_.end()) {
+    return absl::NotFoundError(absl::StrCat(name, ": no such tensor in checkpoint ", dir_));
+  }
+  DSV4_ASSIGN_OR_RETURN(const SafetensorsFile* shard, Shard(it->second));
+  const TensorEntry* entry = shard->Find(name);
+  if (entry == nullptr) {
+    return absl::DataLossError(absl::StrCat(name, ": ", kIndexFileName, " maps it to ", shard->path(),
+                                            " but that file has no such tensor"));
+  }
+  return TensorLocation{.path = shard->path(), .offset = shard->data_start() + entry->begin,
+                        .view = shard->View(*entry)};
+}
+
 absl::StatusOr<TensorView> Checkpoint::Expect(absl::string_view name, DType dtype,
                                               const std::vector<int64_t>& shape) const {
   DSV4_ASSIGN_OR_RETURN(TensorView view, Get(name));

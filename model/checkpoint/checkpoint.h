@@ -37,6 +37,13 @@ inline constexpr char kQuantConfigFileName[] = "hf_quant_config.json";
 absl::StatusOr<std::map<std::string, std::string>> ParseCheckpointIndex(absl::string_view index_path,
                                                                        absl::string_view text);
 
+// Where a tensor's bytes lie on disk, for readers that do not go through the mapping (stream_reader.h).
+struct TensorLocation {
+  std::string path;     // the shard file
+  uint64_t offset = 0;  // of the tensor's first byte in the file
+  TensorView view;      // name, dtype, shape, nbytes; data points into the mapping (not touched by Locate)
+};
+
 class Checkpoint {
  public:
   // Opens `dir`. Refuses a folder with neither (or both) of model.safetensors and the index, an
@@ -64,6 +71,9 @@ class Checkpoint {
   // Get() plus a dtype/shape check: "layers.2.attn.wkv.weight: expected F8_E4M3 [512,4096],
   // found BF16 [512,4096] (in <dir>/<shard>)".
   absl::StatusOr<TensorView> Expect(absl::string_view name, DType dtype, const std::vector<int64_t>& shape) const;
+
+  // Get() plus the tensor's file and byte offset (the shard's header is read; no tensor byte is touched).
+  absl::StatusOr<TensorLocation> Locate(absl::string_view name) const;
 
   // Opens every shard and checks the index against the shards both ways (every indexed tensor is
   // in its shard; every tensor of a shard is indexed to that shard). Reads headers only.

@@ -121,27 +121,32 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
-absl::StatusOr<HostLinear> ReadLinearBlock(const ckpt::Checkpoint& ck, absl::string_view base, int64_t n, int64_t k,
-                                           Range rows, Range cols) {
-  DSV4_ASSIGN_OR_RETURN(ckpt::LinearWeight w, LoadChecked(ck, base, n, k));
+namespace {
+
+// A linear block on the format's blocks: its data and scale bytes as ranges relative to the start of the weight
+// and scale tensors (one range when the block is whole rows, else one per row), and its view without pointers.
+struct BlockBytes {
+  kernels::WeightView view;
+  std::vector<ckpt::ByteRange> data, scale;
+  bool dequantise = false;
+  ckpt::LinearWeight weight;  // views into the mapping (data untouched)
+};
+
+absl::StatusOr<BlockBytes> BlockOf(const ckpt::Checkpoint& ck, absl::string_view base, int64_t n, int64_t k,
+                                   Range rows, Range cols) {
+  BlockBytes b;
+  DSV4_ASSIGN_OR_RETURN(b.weight, LoadChecked(ck, base, n, k));
+  const ckpt::LinearWeight& w = b.weight;
   DSV4_RETURN_IF_ERROR(CheckRange(base, "rows", rows, n));
   DSV4_RETURN_IF_ERROR(CheckRange(base, "columns", cols, k));
-  HostLinear h;
-  h.view = {.name = std::string(base), .format = KernelFormat(w.format), .n = rows.size, .k = cols.size,
+  b.view = {.name = std::string(base), .format = KernelFormat(w.format), .n = rows.size, .k = cols.size,
             .scale_f32 = false, .global_scale = w.scale_2};
   const Geometry g = GeometryOf(w.format);
   const bool blocked = g.block_rows > 0;
   if (!OnBlocks(rows, blocked ? g.block_rows : 1, n) || !OnBlocks(cols, blocked ? g.block_cols : 1, k) ||
       (g.bytes_den == 2 && cols.begin % 2 != 0)) {
-    // Off the format's blocks: this block alone cannot keep the checkpoint format; dequantise it.
-    std::vector<float> f(static_cast<size_t>(rows.size * cols.size));
-    DSV4_RETURN_IF_ERROR(ckpt::DequantizeBlock(w, rows.begin, rows.size, cols.begin, cols.size, f));
-    h.owned_data.resize(f.size() * 4);
-    std::memcpy(h.owned_data.data(), f.data(), h.owned_data.size());
-    h.view.format = kernels::WeightFormat::kF32;
-    h.view.global_scale = 1.f;
-    h.view.data = h.owned_data.data();
-    return h;
+    b.dequantise = true;  // off the format's blocks: this block alone cannot keep the checkpoint format
+    return b;
   }
   // Bytes of one row of data, and of the block's part of a row.
   const int64_t row_bytes = k * g.bytes_num / g.bytes_den;
@@ -152,22 +157,84 @@ absl::StatusOr<HostLinear> ReadLinearBlock(const ckpt::Checkpoint& ck, absl::str
   const int64_t s_rows = blocked ? CeilDiv(rows.size, g.block_rows) : 0;
   const int64_t s_col0 = blocked ? cols.begin / g.block_cols : 0;
   const int64_t s_cols = blocked ? CeilDiv(cols.size, g.block_cols) : 0;
-  if (cols.begin == 0 && cols.size == k) {  // whole rows: contiguous in the mapped file
-    h.view.data = w.weight.data + rows.begin * row_bytes;
-    if (blocked) h.view.scale = w.scale.data + s_row0 * scale_cols;
+  auto range = [](int64_t offset, int64_t bytes) {
+    return ckpt::ByteRange{static_cast<uint64_t>(offset), static_cast<uint64_t>(bytes)};
+  };
+  if (cols.begin == 0 && cols.size == k) {  // whole rows: contiguous
+    b.data.push_back(range(rows.begin * row_bytes, rows.size * row_bytes));
+    if (blocked) b.scale.push_back(range(s_row0 * scale_cols, s_rows * scale_cols));
+    return b;
+  }
+  for (int64_t r = 0; r < rows.size; ++r) b.data.push_back(range((rows.begin + r) * row_bytes + col0, col_bytes));
+  for (int64_t r = 0; r < s_rows; ++r) b.scale.push_back(range((s_row0 + r) * scale_cols + s_col0, s_cols));
+  return b;
+}
+
+// Packs `ranges` of the mapped tensor `t` one after another.
+std::vector<uint8_t> Pack(const ckpt::TensorView& t, const std::vector<ckpt::ByteRange>& ranges) {
+  size_t bytes = 0;
+  for (const ckpt::ByteRange& r : ranges) bytes += r.bytes;
+  std::vector<uint8_t> out(bytes);
+  size_t at = 0;
+  for (const ckpt::ByteRange& r : ranges) {
+    std::memcpy(out.data() + at, t.data + r.offset, r.bytes);
+    at += r.bytes;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<HostLinear> ReadLinearBlock(const ckpt::Checkpoint& ck, absl::string_view base, int64_t n, int64_t k,
+                                           Range rows, Range cols) {
+  DSV4_ASSIGN_OR_RETURN(BlockBytes b, BlockOf(ck, base, n, k, rows, cols));
+  const ckpt::LinearWeight& w = b.weight;
+  HostLinear h;
+  h.view = b.view;
+  if (b.dequantise) {
+    std::vector<float> f(static_cast<size_t>(rows.size * cols.size));
+    DSV4_RETURN_IF_ERROR(ckpt::DequantizeBlock(w, rows.begin, rows.size, cols.begin, cols.size, f));
+    h.owned_data.resize(f.size() * 4);
+    std::memcpy(h.owned_data.data(), f.data(), h.owned_data.size());
+    h.view.format = kernels::WeightFormat::kF32;
+    h.view.global_scale = 1.f;
+    h.view.data = h.owned_data.data();
     return h;
   }
-  h.owned_data.resize(static_cast<size_t>(rows.size * col_bytes));
-  for (int64_t r = 0; r < rows.size; ++r)
-    std::memcpy(h.owned_data.data() + r * col_bytes, w.weight.data + (rows.begin + r) * row_bytes + col0, col_bytes);
-  h.view.data = h.owned_data.data();
-  if (blocked) {
-    h.owned_scale.resize(static_cast<size_t>(s_rows * s_cols));
-    for (int64_t r = 0; r < s_rows; ++r)
-      std::memcpy(h.owned_scale.data() + r * s_cols, w.scale.data + (s_row0 + r) * scale_cols + s_col0, s_cols);
+  // One range: point into the mapped file; several (a column slice): copy them out.
+  if (b.data.size() == 1) {
+    h.view.data = w.weight.data + b.data[0].offset;
+  } else {
+    h.owned_data = Pack(w.weight, b.data);
+    h.view.data = h.owned_data.data();
+  }
+  if (b.scale.size() == 1) {
+    h.view.scale = w.scale.data + b.scale[0].offset;
+  } else if (!b.scale.empty()) {
+    h.owned_scale = Pack(w.scale, b.scale);
     h.view.scale = h.owned_scale.data();
   }
   return h;
+}
+
+absl::StatusOr<LinearBlockPlan> PlanLinearBlock(const ckpt::Checkpoint& ck, absl::string_view base, int64_t n,
+                                                int64_t k, Range rows, Range cols) {
+  DSV4_ASSIGN_OR_RETURN(BlockBytes b, BlockOf(ck, base, n, k, rows, cols));
+  LinearBlockPlan p;
+  p.view = b.view;
+  p.dequantise = b.dequantise;
+  if (b.dequantise) return p;
+  auto item = [&](const std::string& tensor, const std::vector<ckpt::ByteRange>& ranges,
+                  ckpt::StreamItem* out) -> absl::Status {
+    DSV4_ASSIGN_OR_RETURN(ckpt::TensorLocation at, ck.Locate(tensor));
+    out->name = tensor;
+    out->path = at.path;
+    for (const ckpt::ByteRange& r : ranges) out->ranges.push_back({at.offset + r.offset, r.bytes});
+    return absl::OkStatus();
+  };
+  DSV4_RETURN_IF_ERROR(item(b.weight.weight.name, b.data, &p.data));
+  if (!b.scale.empty()) DSV4_RETURN_IF_ERROR(item(b.weight.scale.name, b.scale, &p.scale));
+  return p;
 }
 
 absl::StatusOr<HostLinear> ReadLinear(const ckpt::Checkpoint& ck, absl::string_view base, int64_t n, int64_t k) {

@@ -28,6 +28,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/weights.h"
 #include "model/checkpoint/checkpoint.h"
+#include "model/checkpoint/stream_reader.h"
 #include "model/config/config.h"
 
 namespace dsv4::model {
@@ -70,6 +71,19 @@ struct HostLinear {
 absl::StatusOr<HostLinear> ReadLinearBlock(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n, int64_t k,
                                            Range rows, Range cols);
 absl::StatusOr<HostLinear> ReadLinear(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n, int64_t k);
+
+// The same block as ReadLinearBlock, as file byte ranges for the streamed loader (stream_reader.h): `data` and
+// `scale` (no ranges when the format has no scales) are read and packed one after another, which gives exactly
+// the bytes ReadLinearBlock's view holds; `view` has everything but the data / scale pointers. A block off the
+// format's blocks cannot be read as bytes (it is dequantised): `dequantise` is set, the items are empty and the
+// caller reads it with ReadLinearBlock. Header reads only (and the NVFP4 scalar weight_scale_2).
+struct LinearBlockPlan {
+  kernels::WeightView view;
+  ckpt::StreamItem data, scale;
+  bool dequantise = false;
+};
+absl::StatusOr<LinearBlockPlan> PlanLinearBlock(const ckpt::Checkpoint& ckpt, absl::string_view base, int64_t n,
+                                                int64_t k, Range rows, Range cols);
 
 // Resident set size of this process in bytes (VmRSS), for the per-rank memory log after loading; -1 if unknown.
 int64_t ResidentBytes();

@@ -4,10 +4,19 @@
 // backend memory. Names are the official checkpoint's (dsv4-decode.md §4.1); every tensor's shape is checked
 // against the Config and errors name the tensor. Sharding is applied here (model/dsv4/shard.h), never in the
 // forward: with a world > 1 only this rank's block of each sharded tensor is read.
+//
+// Where the bytes come from (WeightLoadOptions::mode): mapped - views into the mmap'd checkpoint handed straight to
+// the backend (the CPU backend dequantises from the page cache with no extra copy); streamed - the default on a
+// device backend: the loader first walks the model once reading headers only (the plan: every byte range of this
+// rank, in the order the loader will use them), then reader threads pread those ranges into a ring of pinned host
+// staging (model/checkpoint/stream_reader.h) while the backend copies and prepares the tensors before them, so
+// reads overlap copies, page-cache and disk reads go at pread speed, and the copies run from pinned memory. Both
+// hand the backend the same bytes (tests/model/weight_stream_test.cc, tests/cuda/weight_stream_cuda_test.cc).
 #pragma once
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -66,12 +75,40 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;  // main layers only (MTP is not used by decode)
 };
 
+struct WeightLoadOptions {
+  enum class Mode { kAuto, kMapped, kStreamed };
+  Mode mode = Mode::kAuto;  // kAuto: streamed on a backend with a device (device_control()), mapped otherwise
+  int reader_threads = 4;
+  int64_t chunk_bytes = int64_t{16} << 20;  // largest single pread
+  // Staging = the largest set of bytes the loader holds at once (one layer's routed experts, or the embedding)
+  // plus the largest tensor plus this much read-ahead. Pinning costs time (~0.45 ms per MiB on the H200 machine,
+  // zero-fill included), and the reads outrun the backend's copies, so a little read-ahead is enough.
+  int64_t read_ahead_bytes = int64_t{64} << 20;
+};
+
+// What a load cost, for the start-up log ("weights: streamed 1.93 GB in ...") and the load benchmark.
+struct WeightLoadStats {
+  bool streamed = false;
+  int64_t bytes = 0;             // checkpoint bytes this rank read (handed to the backend)
+  double seconds = 0;            // the whole LoadWeights
+  double plan_seconds = 0;       // streamed: the header-only walk
+  double staging_seconds = 0;    // streamed: allocating (pinning) the staging ring
+  int64_t staging_bytes = 0;
+  double read_seconds = 0;       // streamed: wall time with a pread in flight
+  double wait_seconds = 0;       // streamed: time the loader waited for reads
+  double prepare_seconds = 0;    // time in the backend: copies to the device, scale conversion, expert repack
+  int threads = 0;
+  std::string ToString() const;
+};
+
 // With a shard layout (world > 1) only this rank's part is read and kept: wq_b rows and attn_sink entries of its
 // heads, its block of wo_a and columns of wo_b, its routed experts (the others are not held), its slice of the
 // shared expert, its vocabulary rows of head. on_layer (may be empty) is called after each main layer with
 // (layers loaded, main layers).
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ckpt, const Config& config,
                                                           kernels::Backend& backend, const ShardLayout* shard,
-                                                          const std::function<void(int, int)>& on_layer = {});
+                                                          const std::function<void(int, int)>& on_layer = {},
+                                                          const WeightLoadOptions& options = {},
+                                                          WeightLoadStats* stats = nullptr);
 
 }  // namespace dsv4::model

@@ -1,6 +1,7 @@
 // Checkpoint folders: index handling, refusals naming the tensor and shard, Expect messages,
 // config file access.
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,37 @@ TEST(CheckpointFolder, ExpectNamesTensorExpectedAndFound) {
   auto missing = (*ckpt)->Get("layers.2.attn.wq_a.weight");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("layers.2.attn.wq_a.weight"));
+}
+
+TEST(CheckpointFolder, LocateGivesTheShardAndTheOffsetOfTheBytes) {
+  // The streamed loader (stream_reader.h) preads what Locate says: it must be the bytes Get maps, in every shard.
+  TempDir dir;
+  auto w = CheckpointWriter::Create(dir.path(), 2);
+  ASSERT_TRUE(w.ok());
+  std::vector<uint8_t> a(3000), b(5000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<uint8_t>(i * 7 + 1);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(i * 13 + 5);
+  ASSERT_TRUE((*w)->Add("x.weight", DType::kU8, {3000}, a).ok());
+  ASSERT_TRUE((*w)->Add("y.weight", DType::kU8, {5000}, b).ok());
+  ASSERT_TRUE((*w)->Finish().ok());
+  auto ckpt = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  for (const char* name : {"x.weight", "y.weight"}) {
+    auto at = (*ckpt)->Locate(name);
+    ASSERT_TRUE(at.ok()) << at.status();
+    auto shard = (*ckpt)->ShardOf(name);
+    ASSERT_TRUE(shard.ok());
+    EXPECT_EQ(at->path, dir.File(*shard));
+    EXPECT_EQ(at->view.name, name);
+    std::ifstream f(at->path, std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(at->offset));
+    std::string bytes(at->view.nbytes, '\0');
+    f.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    EXPECT_EQ(bytes, std::string(reinterpret_cast<const char*>(at->view.data), at->view.nbytes)) << name;
+  }
+  auto missing = (*ckpt)->Locate("z.weight");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("z.weight"));
 }
 
 TEST(CheckpointFolder, RefusesBadFolders) {

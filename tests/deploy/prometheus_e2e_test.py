@@ -8,7 +8,12 @@ dashboard query and alert expression must then evaluate without error.
 
 Hermetic: temp dirs, port 0 everywhere (Prometheus gets a port probed free just before it starts), 1 s scrapes,
 CPU backend with one thread per worker, a few short requests. Needs DSV4_BINARY_DIR and DSV4_SOURCE_DIR (ctest
-sets both). Run: ctest -R prometheus_e2e  (or DSV4_BINARY_DIR=build DSV4_SOURCE_DIR=. python3 this file)."""
+sets both). Run: ctest -R prometheus_e2e  (or DSV4_BINARY_DIR=build DSV4_SOURCE_DIR=. python3 this file).
+
+On a GPU machine (issue 15): DSV4_E2E_BACKEND=cuda runs both worker groups with --backend=cuda on device 0 (CUDA
+graphs on) and additionally checks that the phase series come from the GPU: each worker logged the CUDA-event phase
+timer and exported graph capture times. DSV4_E2E_STUBS=DIR takes the dsv4.v1 Python stubs generated beforehand
+(a machine without protoc: generate them where it is, see tests/deploy/README or docs/gpu.md)."""
 import concurrent.futures
 import json
 import os
@@ -38,6 +43,8 @@ COORDINATOR = os.path.join(BIN, "coordinator", "dsv4-coordinator")
 MAKE_CKPT = os.path.join(BIN, "tools", "make_checkpoint", "dsv4-make-checkpoint")
 TINY_CONFIG = os.path.join(SRC, "configs", "tiny.json")
 REQUESTS, MAX_NEW_TOKENS, PROMPT_LEN = 6, 8, 5
+BACKEND = os.environ.get("DSV4_E2E_BACKEND", "cpu")
+STUBS = os.environ.get("DSV4_E2E_STUBS", "")
 
 
 def free_port():
@@ -77,6 +84,11 @@ def grpc_stubs(tmp):
     """Generates Python stubs for dsv4.v1 into tmp and imports them. Uses the system protoc and
     grpc_python_plugin (Debian's protobuf-compiler, protobuf-compiler-grpc): grpc_tools bundles protoc 3.5, which
     rejects the proto3 `optional` fields of generate.proto."""
+    if STUBS:
+        if STUBS not in sys.path:
+            sys.path.insert(0, STUBS)
+        from dsv4.v1 import coordinator_pb2_grpc, generate_pb2  # noqa: E402
+        return coordinator_pb2_grpc, generate_pb2
     protoc, plugin = shutil.which("protoc"), shutil.which("grpc_python_plugin")
     if not protoc or not plugin:
         raise RuntimeError("needs protoc and grpc_python_plugin on PATH (apt-get install protobuf-compiler "
@@ -133,11 +145,13 @@ class PrometheusEndToEndTest(unittest.TestCase):
         workers = []
         for g in (0, 1):
             ready = os.path.join(self.tmp, f"worker{g}.ready")
-            p = self.start(f"worker{g}", [WORKER, f"--checkpoint={ckpt}", "--backend=cpu", "--threads=1",
+            backend = (["--backend=cuda", "--device=0", "--gpu-memory-fraction=0.1", "--max-batch=16"]
+                       if BACKEND == "cuda" else ["--backend=cpu", "--threads=1"])
+            p = self.start(f"worker{g}", [WORKER, f"--checkpoint={ckpt}", *backend,
                                           "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
                                           f"--ready-file={ready}", f"--group={g}", "--rank=0"])
             workers.append((p, ready))
-        worker_addrs = [wait_ready_file(r, p) for p, r in workers]
+        worker_addrs = [wait_ready_file(r, p, timeout=300) for p, r in workers]
         ready = os.path.join(self.tmp, "coordinator.ready")
         p = self.start("coordinator", [COORDINATOR, "--listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
                                        "--workers=" + ",".join(w["grpc"] for w in worker_addrs),
@@ -221,6 +235,22 @@ class PrometheusEndToEndTest(unittest.TestCase):
         self.assertEqual(len(got), 2, "attention share in (0, 1) for both groups")
         got = prom_query(base, 'dsv4_startup_weight_load_bytes{role="worker"} > 0')
         self.assertEqual(len(got), 2, "weight-load bytes reported by both workers")
+        if BACKEND == "cuda":
+            # The phase series above came from CUDA events on the GPU workers' streams: each worker says which
+            # timer it made, and only a GPU worker captures graphs.
+            for g in (0, 1):
+                with open(os.path.join(self.tmp, f"worker{g}.log")) as f:
+                    log = f.read()
+                self.assertIn("phase timing: CUDA events", log, f"worker{g} timed its phases on the GPU")
+            got = prom_query(base, 'dsv4_startup_graph_capture_seconds{role="worker"} > 0')
+            self.assertEqual(len(got), 2, "both workers captured CUDA graphs")
+            for phase in ("attention", "moe", "dense"):
+                got = prom_query(base, f'dsv4_decode_gpu_seconds_total{{role="worker",phase="{phase}"}}')
+                print(f"GPU {phase}: " + ", ".join(f"group {s['metric']['group']} {float(s['value'][1]):.6f} s"
+                                                   for s in got))
+            got = prom_query(base, 'dsv4_attention_time_share{role="worker"}')
+            print("GPU attention share: " + ", ".join(f"group {s['metric']['group']} {float(s['value'][1]):.3f}"
+                                                      for s in got))
         got = prom_query(base, 'dsv4_build_info == 1')
         self.assertEqual(sorted(s["metric"]["role"] for s in got), ["coordinator", "worker", "worker"])
 

@@ -1,0 +1,210 @@
+// The streamed weight loader (model/dsv4/weights.h, model/checkpoint/stream_reader.h): the backend receives
+// exactly the bytes the mapped loader hands it - every PrepareLinear / PrepareExperts view and every upload, in
+// order, byte for byte - for the whole model and for every rank of worlds 2 and 4, from one file or several, with
+// a staging ring small enough to wrap and tiny reads; a file cut short after Open fails the load naming the tensor
+// and the file. The reader's own contract is tested in tests/checkpoint/stream_reader_test.cc.
+#include <fcntl.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "model/config/config.h"
+#include "model/dsv4/weights.h"
+#include "tests/model/model_fixture.h"
+#include "tools/make_checkpoint/generator.h"
+
+namespace dsv4::model {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Bytes of a view in its format (kernels/weights.h).
+std::pair<int64_t, int64_t> ViewBytes(const kernels::WeightView& v) {
+  switch (v.format) {
+    case kernels::WeightFormat::kF32: return {v.n * v.k * 4, 0};
+    case kernels::WeightFormat::kBF16: return {v.n * v.k * 2, 0};
+    case kernels::WeightFormat::kFp8Block128: return {v.n * v.k, (v.n + 127) / 128 * ((v.k + 127) / 128)};
+    case kernels::WeightFormat::kNvfp4: return {v.n * v.k / 2, v.n * v.k / 16};
+    case kernels::WeightFormat::kMxfp4: return {v.n * v.k / 2, v.n * v.k / 32};
+  }
+  return {0, 0};
+}
+
+// A CPU backend that logs everything the loader hands it: each view's name, format, shape, global scale and
+// bytes, and every upload's bytes.
+class RecordingBackend final : public kernels::Backend {
+ public:
+  RecordingBackend() : cpu_(kernels::cpu::MakeCpuBackend(1)) {}
+  std::string name() const override { return "recording"; }
+  kernels::Ops& ops() override { return cpu_->ops(); }
+  absl::Status Reserve(const kernels::StepLimits& l) override { return cpu_->Reserve(l); }
+  absl::StatusOr<kernels::Buffer> Allocate(int64_t bytes, kernels::MemoryKind kind) override {
+    void* p = bytes > 0 ? std::calloc(1, bytes) : nullptr;
+    Count(kind, bytes);
+    return kernels::Buffer(this, p, bytes, kind);
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    log_.push_back(absl::StrCat("copy ", bytes, " ", std::string(static_cast<const char*>(src), bytes)));
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    std::memcpy(dst, src, bytes);
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::StatusOr<kernels::LinearHandle> PrepareLinear(const kernels::WeightView& w) override {
+    Record("linear", w);
+    return cpu_->PrepareLinear(w);
+  }
+  absl::StatusOr<kernels::ExpertsHandle> PrepareExperts(std::span<const kernels::WeightView> w1,
+                                                        std::span<const kernels::WeightView> w3,
+                                                        std::span<const kernels::WeightView> w2) override {
+    for (size_t e = 0; e < w1.size(); ++e) {
+      for (const kernels::WeightView* v : {&w1[e], &w3[e], &w2[e]}) {
+        if (v->data == nullptr) {
+          log_.push_back(absl::StrCat("expert ", e, " not held"));
+        } else {
+          Record("expert", *v);
+        }
+      }
+    }
+    return cpu_->PrepareExperts(w1, w3, w2);
+  }
+  const std::vector<std::string>& log() const { return log_; }
+
+ protected:
+  void Free(void* data, int64_t bytes, kernels::MemoryKind kind) override {
+    std::free(data);
+    Count(kind, -bytes);
+  }
+
+ private:
+  void Record(const char* what, const kernels::WeightView& v) {
+    const auto [data, scale] = ViewBytes(v);
+    log_.push_back(absl::StrCat(what, " ", v.name, " ", kernels::WeightFormatName(v.format), " ", v.n, "x", v.k,
+                                " gs ", v.global_scale, " f32 ", v.scale_f32, " data ",
+                                std::string(reinterpret_cast<const char*>(v.data), data), " scale ",
+                                v.scale ? std::string(reinterpret_cast<const char*>(v.scale), scale) : "-"));
+  }
+  std::unique_ptr<kernels::Backend> cpu_;
+  std::vector<std::string> log_;
+};
+
+std::string ReadText(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string templ = (std::filesystem::temp_directory_path() / "dsv4-stream-XXXXXX").string();
+    path = mkdtemp(templ.data()) != nullptr ? templ : std::string();
+  }
+  ~TempDir() { std::filesystem::remove_all(path); }
+};
+
+// Loads `dir` once mapped and once streamed (with `options`) and expects the two logs to match entry for entry.
+void ExpectSameBytes(const std::string& dir, ShardSpec spec, WeightLoadOptions options) {
+  auto ck = ckpt::Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  auto config = LoadConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::unique_ptr<ShardLayout> shard;
+  if (spec.world > 1) {
+    auto layout = PlanShardLayout(*config, spec);
+    ASSERT_TRUE(layout.ok()) << layout.status();
+    shard = std::make_unique<ShardLayout>(*layout);
+  }
+  RecordingBackend mapped, streamed;
+  WeightLoadStats mapped_stats, streamed_stats;
+  int layers_seen = 0;
+  auto a = LoadWeights(**ck, *config, mapped, shard.get(), {}, {.mode = WeightLoadOptions::Mode::kMapped},
+                       &mapped_stats);
+  ASSERT_TRUE(a.ok()) << a.status();
+  options.mode = WeightLoadOptions::Mode::kStreamed;
+  auto b = LoadWeights(**ck, *config, streamed, shard.get(), [&](int, int) { ++layers_seen; }, options,
+                       &streamed_stats);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(layers_seen, config->num_hidden_layers) << "progress once per layer, not for the plan walk";
+  EXPECT_FALSE(mapped_stats.streamed);
+  EXPECT_TRUE(streamed_stats.streamed);
+  EXPECT_EQ(mapped_stats.bytes, streamed_stats.bytes);
+  EXPECT_GT(streamed_stats.staging_bytes, 0);
+  EXPECT_EQ(streamed.allocated()[static_cast<int>(kernels::MemoryKind::kHostStaging)], 0) << "staging freed";
+  ASSERT_EQ(mapped.log().size(), streamed.log().size());
+  for (size_t i = 0; i < mapped.log().size(); ++i) {
+    ASSERT_TRUE(mapped.log()[i] == streamed.log()[i])
+        << "rank " << spec.rank << " of " << spec.world << ": entry " << i << " differs: mapped "
+        << mapped.log()[i].substr(0, 80) << " vs streamed " << streamed.log()[i].substr(0, 80);
+  }
+}
+
+TEST(WeightStream, WholeModelSameBytesAsMapped) {
+  ExpectSameBytes(testing::TinyCheckpoint(), {}, {});
+}
+
+TEST(WeightStream, SmallRingAndTinyReadsSameBytes) {
+  // No read-ahead (the ring is just what the loader holds plus one item: it wraps constantly) and 4 KiB reads
+  // shared by 5 threads.
+  ExpectSameBytes(testing::TinyCheckpoint(), {}, {.reader_threads = 5, .chunk_bytes = 4096, .read_ahead_bytes = 0});
+}
+
+TEST(WeightStream, EveryRankOfWorlds2And4SameBytes) {
+  for (int world : {2, 4}) {
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " of ", world));
+      ExpectSameBytes(testing::TinyCheckpoint(), {.rank = rank, .world = world}, {.reader_threads = 3});
+    }
+  }
+}
+
+TEST(WeightStream, ShardedMxfp4CheckpointSameBytes) {
+  TempDir dir;
+  const std::string json = ReadText(testing::SourceDir() + "/configs/tiny.json");
+  auto s = gen::GenerateCheckpoint(json, {.seed = 3, .out_dir = dir.path, .shards = 3,
+                                          .experts = ExpertFormat::kMxfp4, .overwrite = true});
+  ASSERT_TRUE(s.ok()) << s.status();
+  ExpectSameBytes(dir.path, {}, {.reader_threads = 2});
+  ExpectSameBytes(dir.path, {.rank = 1, .world = 2}, {.reader_threads = 2});
+}
+
+TEST(WeightStream, FileTruncatedAfterOpenNamesTensorAndFile) {
+  // MXFP4 experts: the plan walk reads no tensor bytes through the mapping (no NVFP4 scalar), so cutting the file
+  // after Open is seen only by the readers.
+  TempDir dir;
+  const std::string json = ReadText(testing::SourceDir() + "/configs/tiny.json");
+  auto s = gen::GenerateCheckpoint(json, {.seed = 3, .out_dir = dir.path, .experts = ExpertFormat::kMxfp4,
+                                          .overwrite = true});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto ck = ckpt::Checkpoint::Open(dir.path);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE((*ck)->ValidateAll().ok());
+  auto config = LoadConfig(dir.path);
+  ASSERT_TRUE(config.ok());
+  const std::string file = dir.path + "/model.safetensors";
+  const auto size = std::filesystem::file_size(file);
+  std::filesystem::resize_file(file, size / 2);
+  RecordingBackend backend;
+  auto w = LoadWeights(**ck, *config, backend, nullptr, {}, {.mode = WeightLoadOptions::Mode::kStreamed});
+  ASSERT_FALSE(w.ok());
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kDataLoss) << w.status();
+  EXPECT_THAT(w.status().message(), HasSubstr(file));
+  EXPECT_THAT(w.status().message(), HasSubstr("truncated"));
+  EXPECT_THAT(std::string(w.status().message()), ::testing::MatchesRegex("^[A-Za-z_0-9.]+: .*"))
+      << "starts with the tensor's name";
+}
+
+}  // namespace
+}  // namespace dsv4::model
