@@ -11,18 +11,39 @@ namespace dsv4::kernels::cuda {
 namespace {
 
 constexpr int kSplitThreads = 256;
-constexpr int kFinishThreads = 128;
+constexpr int kFinishThreads = 256;
 constexpr int kRowsPerBlock = 4;  // rows of the split pass sharing one read of the mix weights
 
 __device__ __forceinline__ float Sigmoid(float v) { return __fdiv_rn(1.f, __fadd_rn(1.f, expf(-v))); }
 __device__ __forceinline__ float MulAdd(float a, float b, float c) { return __fadd_rn(__fmul_rn(a, b), c); }
+
+// One step of a warp's transpose-reduction of N values per lane (N a power of two >= 32): lanes with bit O set
+// keep the upper half, the others the lower half, each adding its partner's copy of the half it keeps. After the
+// five steps lane l holds the warp's sums of values [l * N / 32, (l + 1) * N / 32): N - N / 32 shuffles in all
+// instead of 5 N for one butterfly per value (the split pass reduces 100 values per lane).
+template <int O, int N, int P>
+__device__ __forceinline__ void TransposeReduce(float (&a)[P], int lane) {
+  if constexpr (O > 0) {
+    const bool upper = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float send = upper ? a[i] : a[i + N / 2];
+      const float keep = upper ? a[i + N / 2] : a[i];
+      a[i] = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, send, O));
+    }
+    TransposeReduce<O / 2, N / 2, P>(a, lane);
+  }
+}
 
 // Split pass: block (split, row group) -> partial[row, split * (M + 1) + m] = fn[m, slice] . x[token, slice]
 // for m < M, and the slice's sum of squares at m = M.
 template <int M>
 __global__ void __launch_bounds__(kSplitThreads) HcMixSplitKernel(const HcMixParams p) {
   constexpr int kV = M + 1;
-  __shared__ float reduce[kSplitThreads / 32][kV][kRowsPerBlock];
+  constexpr int kN = kV * kRowsPerBlock;  // sums per thread: value m of row j at m * kRowsPerBlock + j
+  constexpr int kP = kN <= 32 ? 32 : kN <= 64 ? 64 : kN <= 128 ? 128 : 256;
+  static_assert(kN <= 256, "the split pass keeps at most 256 sums per thread");
+  __shared__ float reduce[kSplitThreads / 32][kP];
   const int64_t width = p.s * p.d;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * p.slice;
   const int64_t k1 = k0 + p.slice < width ? k0 + p.slice : width;
@@ -36,60 +57,68 @@ __global__ void __launch_bounds__(kSplitThreads) HcMixSplitKernel(const HcMixPar
     ok[j] = tok >= 0;
     xr[j] = p.x + (ok[j] ? tok : 0) * width;
   }
-  float acc[kV][kRowsPerBlock];
+  float acc[kP];
 #pragma unroll
-  for (int m = 0; m < kV; ++m)
-#pragma unroll
-    for (int j = 0; j < kRowsPerBlock; ++j) acc[m][j] = 0.f;
+  for (int i = 0; i < kP; ++i) acc[i] = 0.f;
   for (int64_t k = k0 + threadIdx.x; k < k1; k += kSplitThreads) {
     float xv[kRowsPerBlock];
 #pragma unroll
     for (int j = 0; j < kRowsPerBlock; ++j) {
       xv[j] = ok[j] ? xr[j][k] : 0.f;
-      acc[M][j] += xv[j] * xv[j];
+      acc[M * kRowsPerBlock + j] += xv[j] * xv[j];
     }
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const float f = __ldg(p.fn + m * width + k);
 #pragma unroll
-      for (int j = 0; j < kRowsPerBlock; ++j) acc[m][j] += f * xv[j];
+      for (int j = 0; j < kRowsPerBlock; ++j) acc[m * kRowsPerBlock + j] += f * xv[j];
     }
   }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  TransposeReduce<16, kP, kP>(acc, lane);
+  constexpr int kPerLane = kP / 32;
 #pragma unroll
-  for (int m = 0; m < kV; ++m) {
-#pragma unroll
-    for (int j = 0; j < kRowsPerBlock; ++j) {
-      float v = acc[m][j];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) reduce[warp][m][j] = v;
-    }
-  }
+  for (int q = 0; q < kPerLane; ++q) reduce[warp][lane * kPerLane + q] = acc[q];
   __syncthreads();
-  for (int i = threadIdx.x; i < kV * kRowsPerBlock; i += kSplitThreads) {
+  for (int i = threadIdx.x; i < kN; i += kSplitThreads) {
     const int m = i / kRowsPerBlock, j = i % kRowsPerBlock;
-    if (!ok[j]) continue;
+    const int64_t r = r0 + j;
+    if (r >= p.r || (p.rows != nullptr && p.rows[r] < 0)) continue;
     float v = 0.f;
 #pragma unroll
-    for (int w = 0; w < kSplitThreads / 32; ++w) v += reduce[w][m][j];
-    p.partial[(r0 + j) * p.d + static_cast<int64_t>(blockIdx.x) * kV + m] = v;
+    for (int w = 0; w < kSplitThreads / 32; ++w) v += reduce[w][i];
+    p.partial[r * p.d + static_cast<int64_t>(blockIdx.x) * kV + m] = v;
   }
 }
 
-// Adds row r's partials in split order: m[0..M) (scaled by the RMS factor) into `mix`.
+// Adds row r's partials in split order: m[0..M) (scaled by the RMS factor) into `mix`. The partials are first
+// staged through shared memory a chunk of splits at a time by the whole block (coalesced, all loads in flight),
+// so the M + 1 ordered sums run from shared memory instead of one dependent global load per split.
 template <int M>
 __device__ void FinishMix(const HcMixParams& p, int64_t r, float norm_eps, float* mix) {
+  constexpr int kV = M + 1;
+  constexpr int kChunk = 32;  // splits staged at once
+  __shared__ float stage[kChunk * kV];
   __shared__ float raw[M];
   __shared__ float rho;
   const float* part = p.partial + r * p.d;
+  float v = 0.f;
+  double ss = 0.0;
+  for (int s0 = 0; s0 < p.splits; s0 += kChunk) {
+    const int n = (p.splits - s0 < kChunk ? p.splits - s0 : kChunk) * kV;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) stage[i] = part[s0 * kV + i];
+    __syncthreads();
+    const int ns = n / kV;
+    if (threadIdx.x < M) {
+      for (int s = 0; s < ns; ++s) v += stage[s * kV + threadIdx.x];
+    } else if (threadIdx.x == M) {
+      for (int s = 0; s < ns; ++s) ss += stage[s * kV + M];
+    }
+    __syncthreads();
+  }
   if (threadIdx.x < M) {
-    float v = 0.f;
-    for (int s = 0; s < p.splits; ++s) v += part[s * (M + 1) + threadIdx.x];
     raw[threadIdx.x] = v;
   } else if (threadIdx.x == M) {
-    double ss = 0.0;
-    for (int s = 0; s < p.splits; ++s) ss += part[s * (M + 1) + M];
     rho = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(p.s * p.d) + norm_eps));
   }
   __syncthreads();
@@ -97,15 +126,70 @@ __device__ void FinishMix(const HcMixParams& p, int64_t r, float norm_eps, float
   __syncthreads();
 }
 
-// out[k] = sum_i w[i] x_i[k] in stream order (the CPU's accumulation).
+// out[k] = sum_i w[i] x_i[k] in stream order (the CPU's accumulation). Four dims per thread with 16-byte loads
+// where the rows allow it, so a block keeps all its loads in flight (the per-token finish is latency-bound).
 template <int S>
 __device__ void MixStreams(const float* x, const float* w, int64_t d, float* out) {
+  const bool vec = d % 4 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out)) % 16 == 0;
+  if (vec) {
+    const int64_t d4 = d / 4;
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* out4 = reinterpret_cast<float4*>(out);
+#pragma unroll 4
+    for (int64_t k = threadIdx.x; k < d4; k += blockDim.x) {
+      float4 xv[S];
+#pragma unroll
+      for (int i = 0; i < S; ++i) xv[i] = x4[i * d4 + k];
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int i = 0; i < S; ++i) {
+        acc.x = MulAdd(w[i], xv[i].x, acc.x);
+        acc.y = MulAdd(w[i], xv[i].y, acc.y);
+        acc.z = MulAdd(w[i], xv[i].z, acc.z);
+        acc.w = MulAdd(w[i], xv[i].w, acc.w);
+      }
+      out4[k] = acc;
+    }
+    return;
+  }
   for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < S; ++i) acc = MulAdd(w[i], x[i * d + k], acc);
     out[k] = acc;
   }
+}
+
+// The Sinkhorn normalisation of one token's S x S logits on the first S*S lanes of warp 0, lane i*S + j holding
+// c[i][j]: row softmax (+eps), one column normalisation, then (iters - 1) x (rows, columns). Every sum is taken
+// in the serial reference's order (lanes gathered by shuffles, added j = 0.. or i = 0..), so the result is the
+// same bits as one thread doing it, at ~1/S*S of the dependent chain. Must be called by all 32 lanes of warp 0.
+template <int S>
+__device__ float SinkhornLane(float logit, int iters, float eps) {
+  static_assert(S * S <= 32, "one warp holds the S x S matrix");
+  const int lane = threadIdx.x & 31;
+  const int i = (lane / S) % S, j = lane % S;  // lanes past S*S mirror a valid cell (results discarded)
+  float mx = -INFINITY;
+#pragma unroll
+  for (int jj = 0; jj < S; ++jj) mx = fmaxf(mx, __shfl_sync(0xffffffffu, logit, i * S + jj));
+  const float e = expf(__fsub_rn(logit, mx));
+  float sum = 0.f;
+#pragma unroll
+  for (int jj = 0; jj < S; ++jj) sum = __fadd_rn(sum, __shfl_sync(0xffffffffu, e, i * S + jj));
+  float c = __fadd_rn(__fdiv_rn(e, sum), eps);
+  for (int it = 0; it < iters; ++it) {
+    if (it > 0) {
+      float rs = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < S; ++jj) rs = __fadd_rn(rs, __shfl_sync(0xffffffffu, c, i * S + jj));
+      c = __fdiv_rn(c, __fadd_rn(rs, eps));
+    }
+    float cs = 0.f;
+#pragma unroll
+    for (int ii = 0; ii < S; ++ii) cs = __fadd_rn(cs, __shfl_sync(0xffffffffu, c, ii * S + j));
+    c = __fdiv_rn(c, __fadd_rn(cs, eps));
+  }
+  return c;
 }
 
 template <int S>
@@ -115,41 +199,18 @@ __global__ void __launch_bounds__(kFinishThreads) HcPreFinishKernel(const HcPreP
   __shared__ float pre[S];
   const int64_t t = blockIdx.x;
   FinishMix<M>(p.mix, t, p.norm_eps, mix);
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {
     const float eps = p.hc_eps;
-    for (int i = 0; i < S; ++i) {
-      pre[i] = __fadd_rn(Sigmoid(MulAdd(p.scale[0], mix[i], p.base[i])), eps);
-      p.post[t * S + i] = __fmul_rn(2.f, Sigmoid(MulAdd(p.scale[1], mix[S + i], p.base[S + i])));
+    const int lane = threadIdx.x;
+    if (lane < S) {
+      pre[lane] = __fadd_rn(Sigmoid(MulAdd(p.scale[0], mix[lane], p.base[lane])), eps);
+      p.post[t * S + lane] = __fmul_rn(2.f, Sigmoid(MulAdd(p.scale[1], mix[S + lane], p.base[S + lane])));
     }
-    // Sinkhorn: row softmax (+eps), one column normalisation, then (iters - 1) x (rows, columns).
-    float c[S][S];
-    for (int i = 0; i < S; ++i) {
-      float mx = -INFINITY;
-      for (int j = 0; j < S; ++j) {
-        c[i][j] = MulAdd(p.scale[2], mix[2 * S + i * S + j], p.base[2 * S + i * S + j]);
-        mx = fmaxf(mx, c[i][j]);
-      }
-      float sum = 0.f;
-      for (int j = 0; j < S; ++j) sum = __fadd_rn(sum, c[i][j] = expf(__fsub_rn(c[i][j], mx)));
-      for (int j = 0; j < S; ++j) c[i][j] = __fadd_rn(__fdiv_rn(c[i][j], sum), eps);
-    }
+    const int cell = lane % (S * S);
+    const float logit = MulAdd(p.scale[2], mix[2 * S + cell], p.base[2 * S + cell]);
     const int iters = p.sinkhorn_iters > 1 ? p.sinkhorn_iters : 1;  // columns are normalised at least once
-    for (int it = 0; it < iters; ++it) {
-      if (it > 0) {
-        for (int i = 0; i < S; ++i) {
-          float sum = 0.f;
-          for (int j = 0; j < S; ++j) sum = __fadd_rn(sum, c[i][j]);
-          for (int j = 0; j < S; ++j) c[i][j] = __fdiv_rn(c[i][j], __fadd_rn(sum, eps));
-        }
-      }
-      for (int j = 0; j < S; ++j) {
-        float sum = 0.f;
-        for (int i = 0; i < S; ++i) sum = __fadd_rn(sum, c[i][j]);
-        for (int i = 0; i < S; ++i) c[i][j] = __fdiv_rn(c[i][j], __fadd_rn(sum, eps));
-      }
-    }
-    for (int i = 0; i < S; ++i)
-      for (int j = 0; j < S; ++j) p.comb[(t * S + i) * S + j] = c[i][j];
+    const float c = SinkhornLane<S>(logit, iters, eps);
+    if (lane < S * S) p.comb[t * S * S + lane] = c;
   }
   __syncthreads();
   MixStreams<S>(p.mix.x + t * S * p.mix.d, pre, p.mix.d, p.u + t * p.mix.d);
