@@ -153,8 +153,8 @@ absl::StatusOr<const SafetensorsFile*> Checkpoint::Shard(int index) const {
   return slot.get();  // never replaced once set, so the pointer outlives the lock
 }
 
-absl::StatusOr<TensorView> Checkpoint::Get(absl::string_view name) const {
-  if (auto m = memory_.find(name); m != memory_.end()) return m->second;
+absl::StatusOr<std::pair<const SafetensorsFile*, const TensorEntry*>> Checkpoint::FindInShards(
+    absl::string_view name) const {
   auto it = shard_of_.find(name);
   if (it == shard_of_.end()) {
     return absl::NotFoundError(absl::StrCat(name, ": no such tensor in checkpoint ", dir_));
@@ -165,20 +165,21 @@ absl::StatusOr<TensorView> Checkpoint::Get(absl::string_view name) const {
     return absl::DataLossError(absl::StrCat(name, ": ", kIndexFileName, " maps it to ", shard->path(),
                                             " but that file has no such tensor"));
   }
-  return shard->View(*entry);
+  return std::make_pair(shard, entry);
+}
+
+absl::StatusOr<TensorView> Checkpoint::Get(absl::string_view name) const {
+  if (auto m = memory_.find(name); m != memory_.end()) return m->second;
+  DSV4_ASSIGN_OR_RETURN(auto found, FindInShards(name));
+  return found.first->View(*found.second);
 }
 
 absl::StatusOr<TensorLocation> Checkpoint::Locate(absl::string_view name) const {
-  auto it = shard_of_.find(name);
-  if (it == shard_of_.end()) {
-    return absl::NotFoundError(absl::StrCat(name, ": no such tensor in checkpoint ", dir_));
+  if (memory_.contains(name)) {
+    return absl::FailedPreconditionError(absl::StrCat(name, ": held in memory by checkpoint ", dir_, ", not in a file"));
   }
-  DSV4_ASSIGN_OR_RETURN(const SafetensorsFile* shard, Shard(it->second));
-  const TensorEntry* entry = shard->Find(name);
-  if (entry == nullptr) {
-    return absl::DataLossError(absl::StrCat(name, ": ", kIndexFileName, " maps it to ", shard->path(),
-                                            " but that file has no such tensor"));
-  }
+  DSV4_ASSIGN_OR_RETURN(auto found, FindInShards(name));
+  const auto [shard, entry] = found;
   return TensorLocation{.path = shard->path(), .offset = shard->data_start() + entry->begin,
                         .view = shard->View(*entry)};
 }

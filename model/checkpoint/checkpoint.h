@@ -14,12 +14,13 @@
 #include <map>
 #include <memory>
 #include <string>
-#include "absl/strings/string_view.h"
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "model/checkpoint/safetensors.h"
 
@@ -63,6 +64,8 @@ class Checkpoint {
   // Every tensor name, sorted.
   std::vector<std::string> Names() const;
   bool Has(absl::string_view name) const { return shard_of_.contains(name) || memory_.contains(name); }
+  // Made by InMemory: no tensor has a file, so readers that bypass the mapping (Locate) cannot be used.
+  bool in_memory() const { return !memory_.empty(); }
   // Shard file name holding `name`; NotFound when absent.
   absl::StatusOr<std::string> ShardOf(absl::string_view name) const;
 
@@ -73,6 +76,7 @@ class Checkpoint {
   absl::StatusOr<TensorView> Expect(absl::string_view name, DType dtype, const std::vector<int64_t>& shape) const;
 
   // Get() plus the tensor's file and byte offset (the shard's header is read; no tensor byte is touched).
+  // FailedPrecondition for a tensor of an InMemory checkpoint (it has no file).
   absl::StatusOr<TensorLocation> Locate(absl::string_view name) const;
 
   // Opens every shard and checks the index against the shards both ways (every indexed tensor is
@@ -88,6 +92,8 @@ class Checkpoint {
  private:
   Checkpoint() = default;
   absl::StatusOr<const SafetensorsFile*> Shard(int index) const;
+  // The shard file holding `name` and its entry there (NotFound / DataLoss naming the tensor otherwise).
+  absl::StatusOr<std::pair<const SafetensorsFile*, const TensorEntry*>> FindInShards(absl::string_view name) const;
   absl::StatusOr<std::string> ReadText(absl::string_view file) const;
 
   std::string dir_;

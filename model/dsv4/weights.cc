@@ -377,8 +377,14 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint
   }
   const auto t0 = std::chrono::steady_clock::now();
   WeightLoadStats st;
+  // Streaming reads the files directly; a checkpoint held in memory (the decode bench's synthetic weights) has none.
+  if (options.mode == WeightLoadOptions::Mode::kStreamed && ck.in_memory()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights: streamed loading reads checkpoint files; ", ck.dir(), " is held in memory"));
+  }
   st.streamed = options.mode == WeightLoadOptions::Mode::kStreamed ||
-                (options.mode == WeightLoadOptions::Mode::kAuto && backend.device_control() != nullptr);
+                (options.mode == WeightLoadOptions::Mode::kAuto && backend.device_control() != nullptr &&
+                 !ck.in_memory());
   std::unique_ptr<ModelWeights> w;
   if (!st.streamed) {
     Loader ld(ck, backend, Loader::Mode::kMapped);

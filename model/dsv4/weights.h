@@ -77,7 +77,9 @@ struct ModelWeights {
 
 struct WeightLoadOptions {
   enum class Mode { kAuto, kMapped, kStreamed };
-  Mode mode = Mode::kAuto;  // kAuto: streamed on a backend with a device (device_control()), mapped otherwise
+  // kAuto: streamed on a backend with a device (device_control()) from a checkpoint on disk, mapped otherwise
+  // (kStreamed refuses an in-memory checkpoint).
+  Mode mode = Mode::kAuto;
   int reader_threads = 4;
   int64_t chunk_bytes = int64_t{16} << 20;  // largest single pread
   // Staging = the largest set of bytes the loader holds at once (one layer's routed experts, or the embedding)

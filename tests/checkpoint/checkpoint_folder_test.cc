@@ -2,7 +2,9 @@
 // config file access.
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -84,6 +86,36 @@ TEST(CheckpointFolder, LocateGivesTheShardAndTheOffsetOfTheBytes) {
   auto missing = (*ckpt)->Locate("z.weight");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("z.weight"));
+}
+
+TEST(CheckpointInMemory, ServesItsViewsAndRefusesWhatHasNoFile) {
+  // The decode bench's synthetic weights: views into memory the checkpoint keeps alive, two sharing bytes.
+  auto bytes = std::make_shared<std::vector<uint8_t>>(64, 7);
+  std::vector<TensorView> views = {
+      {.name = "a.weight", .dtype = DType::kU8, .shape = {8, 8}, .data = bytes->data(), .nbytes = 64},
+      {.name = "b.weight", .dtype = DType::kU8, .shape = {4}, .data = bytes->data(), .nbytes = 4}};
+  auto ck = Checkpoint::InMemory("(synthetic)", views, bytes);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_TRUE((*ck)->in_memory());
+  EXPECT_TRUE((*ck)->Has("b.weight"));
+  EXPECT_EQ((*ck)->Names(), (std::vector<std::string>{"a.weight", "b.weight"}));
+  auto a = (*ck)->Get("a.weight");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->data, bytes->data());
+  EXPECT_EQ(a->shape, (std::vector<int64_t>{8, 8}));
+  auto missing = (*ck)->Get("c.weight");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("c.weight"));
+  // No file to read the bytes from directly (the GPU weight stream): a clear refusal, not "no such tensor".
+  auto at = (*ck)->Locate("a.weight");
+  EXPECT_EQ(at.status().code(), absl::StatusCode::kFailedPrecondition) << at.status();
+  EXPECT_THAT(at.status().message(), HasSubstr("held in memory"));
+
+  EXPECT_FALSE(Checkpoint::InMemory("(empty)", {}, nullptr).ok());
+  views.push_back(views[0]);
+  auto twice = Checkpoint::InMemory("(twice)", views, bytes);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_THAT(twice.status().message(), HasSubstr("a.weight given twice"));
 }
 
 TEST(CheckpointFolder, RefusesBadFolders) {

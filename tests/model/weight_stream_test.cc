@@ -180,6 +180,39 @@ TEST(WeightStream, ShardedMxfp4CheckpointSameBytes) {
   ExpectSameBytes(dir.path, {.rank = 1, .world = 2}, {.reader_threads = 2});
 }
 
+TEST(WeightStream, InMemoryCheckpointLoadsMappedAndRefusesStreaming) {
+  // The decode bench hands the loader an in-memory checkpoint: kAuto must map it (streaming reads files), an
+  // explicit kStreamed must say why not.
+  TempDir dir;
+  const std::string json = ReadText(testing::SourceDir() + "/configs/tiny.json");
+  auto s = gen::GenerateCheckpoint(json, {.seed = 5, .out_dir = dir.path, .overwrite = true});
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto disk = ckpt::Checkpoint::Open(dir.path);
+  ASSERT_TRUE(disk.ok()) << disk.status();
+  auto config = LoadConfig(dir.path);
+  ASSERT_TRUE(config.ok()) << config.status();
+  std::vector<ckpt::TensorView> views;
+  for (const std::string& name : (*disk)->Names()) {
+    auto v = (*disk)->Get(name);
+    ASSERT_TRUE(v.ok()) << v.status();
+    views.push_back(*v);
+  }
+  auto mem = ckpt::Checkpoint::InMemory("(copy of tiny)", std::move(views), nullptr);  // *disk outlives it
+  ASSERT_TRUE(mem.ok()) << mem.status();
+  RecordingBackend from_disk, from_memory;
+  WeightLoadStats stats;
+  auto a = LoadWeights(**disk, *config, from_disk, nullptr, {}, {.mode = WeightLoadOptions::Mode::kMapped});
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto b = LoadWeights(**mem, *config, from_memory, nullptr, {}, {.mode = WeightLoadOptions::Mode::kAuto}, &stats);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(stats.streamed);
+  EXPECT_EQ(from_disk.log(), from_memory.log());
+  auto c = LoadWeights(**mem, *config, from_memory, nullptr, {}, {.mode = WeightLoadOptions::Mode::kStreamed});
+  ASSERT_FALSE(c.ok());
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
+  EXPECT_THAT(c.status().message(), HasSubstr("held in memory"));
+}
+
 TEST(WeightStream, FileTruncatedAfterOpenNamesTensorAndFile) {
   // MXFP4 experts: the plan walk reads no tensor bytes through the mapping (no NVFP4 scalar), so cutting the file
   // after Open is seen only by the readers.
