@@ -50,11 +50,15 @@ void RunLockstep(int world) {
 TEST(LockstepTest, FollowersReplayTheLeaderWorld2) { RunLockstep(2); }
 TEST(LockstepTest, FollowersReplayTheLeaderWorld4) { RunLockstep(4); }
 
-// Kills follower `victim` once the leader is READY; the leader must report NOT_SERVING and exit with UNAVAILABLE
-// from its next Forward well before the 20 s collective timeout that would find it without heartbeats (typically
-// within a second; the bound is 10 s because a loaded 2-core CI machine has stretched it past 5 s).
+// Kills follower 2 once the leader is READY; the leader must report NOT_SERVING and exit with UNAVAILABLE from its
+// next Forward. Usually the dead peer's closed sockets fail the leader's next collective at once (0.03-0.3 s), but
+// Gloo's TCP transport does not release a send already waiting on a peer that dies (seen here: the leader parked in
+// UnboundBuffer::waitSend inside an all-reduce in ~1 run of 10 under load), and then only the collective timeout
+// frees it. So the bound is that timeout (3 s here) plus a margin, not a fixed "fast": what the test proves is that a
+// death mid-step is never missed and that an idle leader finds it through its heartbeats (without them it would sit
+// idle until its loop limit, 30 s). docs/tensor-parallel.md, known limits.
 void KillFollowerAndExpectFastFailure(const std::string& mode) {
-  constexpr int kTimeoutMs = 20'000, kBoundMs = 10'000;
+  constexpr int kTimeoutMs = 3'000, kBoundMs = 9'000;
   GlooGroup g;
   g.Start(3, {0, 1, 2},
           {"--mode=" + mode, "--heartbeat_ms=300", "--timeout_ms=" + std::to_string(kTimeoutMs), "--loop_limit_s=30"});
