@@ -129,8 +129,15 @@ void CheckPoints(const nlohmann::json& j, size_t points, bool indexer, bool grap
     }
     EXPECT_NEAR(sum, Num(p, "gpu_ms"), 1e-6 * sum);
     EXPECT_NEAR(shares, 1.0, 1e-6);
+    // The timed step is one step; step_ms is a median. On the CPU backend of a loaded 2-core CI machine one step
+    // has taken 1.7x the median (11.4 vs 6.7 ms), so the CPU build allows 3x; the GPU's steps vary by a few percent.
+#if defined(DSV4_DECODE_BENCH_CPU)
+    constexpr double kOneStepSlack = 3.0;
+#else
+    constexpr double kOneStepSlack = 1.5;
+#endif
     EXPECT_GT(Num(p, "gpu_ms"), 0.3 * Num(p, "step_ms"));
-    EXPECT_LT(Num(p, "gpu_ms"), 1.5 * Num(p, "step_ms"));
+    EXPECT_LT(Num(p, "gpu_ms"), kOneStepSlack * Num(p, "step_ms"));
     EXPECT_NEAR(Num(p, "ms_per_layer") * layers, Num(p, "step_ms"), 1e-6 * Num(p, "step_ms"));
     EXPECT_EQ(p.value("phase_source", ""), graphs ? "graph replay" : "eager");
     if (graphs) {
