@@ -9,17 +9,17 @@
 //   dsv4-decode-bench --backend cpu --config configs/tiny.json --layers 2 --batches 1,2 --context 64
 // Exit status 0 when every point ran; 1 otherwise (the points that ran are still written).
 #include <cstdio>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "bench/decode/decode_bench.h"
 #include "bench/decode/report.h"
+#include "bench/ops/flag_lists.h"
 
 ABSL_FLAG(std::string, backend, "cuda", "cuda | cpu");
 ABSL_FLAG(int, device, 0, "CUDA device");
@@ -49,19 +49,26 @@ ABSL_FLAG(std::string, title, "", "SVG title (default: a summary of the run)");
 namespace dsv4::bench {
 namespace {
 
+// The flag's non-empty list into `out`; false (the reason printed) on a bad item or an empty list.
 template <typename T>
 bool ParseList(const std::string& flag, const std::string& text, std::vector<T>* out) {
-  out->clear();
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    T v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) {
-      std::fprintf(stderr, "--%s: '%s' is not a positive integer\n", flag.c_str(), std::string(part).c_str());
+  absl::StatusOr<std::vector<int64_t>> list = ParsePositiveList(flag, text);
+  if (!list.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(list.status().message()).c_str());
+    return false;
+  }
+  if (list->empty()) {
+    std::fprintf(stderr, "--%s is empty\n", flag.c_str());
+    return false;
+  }
+  for (int64_t v : *list) {
+    if (v > std::numeric_limits<T>::max()) {
+      std::fprintf(stderr, "--%s: '%lld' is not a positive integer\n", flag.c_str(), static_cast<long long>(v));
       return false;
     }
-    out->push_back(v);
   }
-  if (out->empty()) std::fprintf(stderr, "--%s is empty\n", flag.c_str());
-  return !out->empty();
+  out->assign(list->begin(), list->end());
+  return true;
 }
 
 int Main() {

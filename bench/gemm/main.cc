@@ -23,7 +23,6 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -35,12 +34,12 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/gemm/lt_peer.h"
+#include "bench/ops/flag_lists.h"
 #include "bench/ops/runner.h"
 #include "bench/ops/synth.h"
 #include "common/float_formats.h"
@@ -96,17 +95,14 @@ struct Shape {
   int groups = 1;
 };
 
+// The flag's list; a bad item ends the program (exit 2).
 std::vector<int64_t> ParseList(const std::string& flag, const std::string& text) {
-  std::vector<int64_t> out;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) {
-      std::fprintf(stderr, "--%s: '%s' is not a positive integer\n", flag.c_str(), std::string(part).c_str());
-      std::exit(2);
-    }
-    out.push_back(v);
+  absl::StatusOr<std::vector<int64_t>> list = ParsePositiveList(flag, text);
+  if (!list.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(list.status().message()).c_str());
+    std::exit(2);
   }
-  return out;
+  return *std::move(list);
 }
 
 // The linears of one layer for each TP world's rank (as dsv4-ops-bench names them), deduplicated by shape.

@@ -24,11 +24,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/ops/bench.h"
+#include "bench/ops/flag_lists.h"
 #include "kernels/backend_factory.h"
 #include "model/config/config.h"
 
@@ -71,18 +71,15 @@ ABSL_FLAG(uint64_t, seed, 1, "seed of the synthetic data");
 namespace dsv4::bench {
 namespace {
 
+// The flag's list, or `fallback` when the flag is empty; a bad item ends the program (exit 2).
 std::vector<int64_t> ParseList(const std::string& flag, const std::string& text, std::vector<int64_t> fallback) {
   if (text.empty()) return fallback;
-  std::vector<int64_t> out;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v < 1) {
-      std::fprintf(stderr, "--%s: '%s' is not a positive integer\n", flag.c_str(), std::string(part).c_str());
-      std::exit(2);
-    }
-    out.push_back(v);
+  absl::StatusOr<std::vector<int64_t>> list = ParsePositiveList(flag, text);
+  if (!list.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(list.status().message()).c_str());
+    std::exit(2);
   }
-  return out;
+  return *std::move(list);
 }
 
 std::vector<std::string> Words(const std::string& text) {
