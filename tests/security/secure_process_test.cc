@@ -9,9 +9,7 @@
 //   - the tensor-parallel rendezvous (follower -> leader's Worker service) over mutual TLS, and a plaintext
 //     follower refused by a TLS leader.
 // Binaries come from $DSV4_BINARY_DIR; tests that need dsv4-worker skip with a message when it was not built.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -34,6 +32,7 @@ namespace {
 
 using ::dsv4::worker::testing::BinaryPath;
 using ::dsv4::worker::testing::ChildProcess;
+using ::dsv4::worker::testing::FreePort;
 using ::dsv4::worker::testing::HttpGet;
 using ::dsv4::worker::testing::ReadFile;
 using ::dsv4::worker::testing::RunAndCapture;
@@ -77,18 +76,6 @@ double MetricValue(const std::string& exposition, const std::string& series) {
     if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &v)) return v;
   }
   return -1;
-}
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 class SecureProcessTest : public ::testing::Test {

@@ -4,9 +4,7 @@
 // buckets 8, 4, ...) - parting, if at all, only at a near tie of the reference logits (greedy_check.h); a follower SIGKILLed mid-stream ends the stream with UNAVAILABLE and turns the leader
 // NOT_SERVING within the collective deadline instead of hanging. Each case skips, saying so, below T GPUs. Label gpu.
 // Processes talk over loopback only (NCCL_SOCKET_IFNAME=lo); NCCL_NVLS_ENABLE=0 as in production.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -29,18 +27,6 @@
 
 namespace dsv4::worker::testing {
 namespace {
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 struct Group {
   std::optional<ChildProcess> leader;

@@ -3,9 +3,7 @@
 // golden prompt (320 tokens); a follower SIGKILLed mid-stream ends the client's stream with UNAVAILABLE and the
 // leader reports NOT_SERVING within 5 s; a follower that never arrives fails the leader's start-up with a
 // timeout naming it; a follower with another checkpoint or another --world is refused at rendezvous.
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -30,21 +28,6 @@ namespace dsv4::worker::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A free loopback port: the leader needs a known address before it is ready (followers dial it to form the
-// group, and the ready file comes only after that).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 
 struct Group {
   std::optional<ChildProcess> leader;
