@@ -155,12 +155,7 @@ TEST_F(RealWorkersTest, KillNineMidStreamContinuesSeamlessly) {
   EXPECT_EQ(RunPythonClient(target, dir_ + "/python.log", "--max-new-tokens 6"), 0) << ReadFile(dir_ + "/python.log");
 
   const int kTokens = 40;
-  dsv4::v1::GenerateRequest greedy = MakeRequest({0, 17, 99, 1234, 7, 4000, 3, 250}, kTokens);
-  greedy.mutable_sampling()->set_ignore_eos(true);
-  dsv4::v1::GenerateRequest sampled = MakeRequest({0, 5, 6, 7}, kTokens, 0.9f);
-  sampled.mutable_sampling()->set_top_k(50);
-  sampled.mutable_sampling()->set_seed(20260429);
-  sampled.mutable_sampling()->set_ignore_eos(true);
+  const auto [greedy, sampled] = MakeFailoverRequests(kTokens);
   const StreamResult greedy_ref = RunGenerate(*stub, greedy);
   const StreamResult sampled_ref = RunGenerate(*stub, sampled);
   ASSERT_TRUE(greedy_ref.status.ok()) << greedy_ref.status.error_message() << "\n" << coord->LogTail();

@@ -70,4 +70,19 @@ inline dsv4::v1::GenerateRequest MakeRequest(std::vector<int32_t> prompt, int ma
   return r;
 }
 
+// The two streams the failover tests replay across a killed or stopped worker: one greedy, one sampled (top-k 50,
+// fixed seed), both `tokens` long (ignore_eos), so the streams finished elsewhere can be compared token for token.
+struct FailoverRequests {
+  dsv4::v1::GenerateRequest greedy, sampled;
+};
+inline FailoverRequests MakeFailoverRequests(int tokens) {
+  FailoverRequests f{.greedy = MakeRequest({0, 17, 99, 1234, 7, 4000, 3, 250}, tokens),
+                     .sampled = MakeRequest({0, 5, 6, 7}, tokens, 0.9f)};
+  f.greedy.mutable_sampling()->set_ignore_eos(true);
+  f.sampled.mutable_sampling()->set_top_k(50);
+  f.sampled.mutable_sampling()->set_seed(20260429);
+  f.sampled.mutable_sampling()->set_ignore_eos(true);
+  return f;
+}
+
 }  // namespace dsv4::testing
