@@ -39,11 +39,15 @@ void RunCollectives(int world) {
 TEST(GlooProcessTest, CollectivesWorld2) { RunCollectives(2); }
 TEST(GlooProcessTest, CollectivesWorld4) { RunCollectives(4); }
 
-// A follower killed mid-run: the survivors' collectives fail with UNAVAILABLE well inside 5 s, although the
-// collective deadline is 20 s (the closed sockets are noticed, not the deadline).
+// A follower killed mid-run: the survivors' collectives fail with UNAVAILABLE. Usually at once (the closed sockets
+// are noticed: 0.03 s), but Gloo's TCP transport does not release a send already waiting on the peer that died,
+// and such a survivor is freed only by the collective deadline (seen in the ASan stage of CI, 2026-12-01: rank 0
+// failed in 0.03 s, rank 2 was still waiting after 5 s; docs/tensor-parallel.md, known limits). So the deadline is
+// 3 s and the bound 9 s: a death is never missed, whichever way it is found.
 TEST(GlooProcessTest, KilledPeerFailsTheOthersFast) {
+  constexpr int kBoundMs = 9'000;
   GlooGroup g;
-  g.Start(3, {0, 1, 2}, {"--mode=loop", "--timeout_ms=20000"});
+  g.Start(3, {0, 1, 2}, {"--mode=loop", "--timeout_ms=3000"});
   for (size_t i = 0; i < g.size(); ++i) {
     ASSERT_TRUE(g.peer(i).WaitForOutput("READY", milliseconds(20'000))) << g.AllOutput();
   }
@@ -51,9 +55,10 @@ TEST(GlooProcessTest, KilledPeerFailsTheOthersFast) {
   const auto killed_at = Clock::now();
   g.peer(1).Signal(SIGKILL);
   for (int i : {0, 2}) {
-    const auto code = g.peer(i).Wait(milliseconds(5'000));
+    const auto code = g.peer(i).Wait(milliseconds(kBoundMs));
     const double s = std::chrono::duration<double>(Clock::now() - killed_at).count();
-    ASSERT_TRUE(code.has_value()) << "rank " << i << " still running 5 s after its peer died:\n" << g.AllOutput();
+    ASSERT_TRUE(code.has_value()) << "rank " << i << " still running " << kBoundMs / 1000 << " s after its peer died:\n"
+                                  << g.AllOutput();
     EXPECT_EQ(*code, 3) << g.peer(i).Output();
     EXPECT_NE(g.peer(i).Output().find("UNAVAILABLE"), std::string::npos) << g.peer(i).Output();
     std::printf("rank %d failed %.3f s after rank 1 was killed\n", i, s);
