@@ -5,12 +5,13 @@
 //     --metrics-listen 127.0.0.1:0 --ready-file PATH --drain-timeout 30
 //   world T > 1: rank 0 as above plus --host ADDR; ranks 1..T-1 with --rank r --world T --leader RANK0_HOST:PORT
 //
-// Start-up (rank 0): flags -> options check -> gRPC up, NOT_SERVING (world > 1: rendezvous store first, then
-// wait for every follower, --startup-timeout) -> load weights (the rank's shard) -> size and allocate KV pools ->
+// Start-up (rank 0): flags -> options check -> gRPC up, NOT_SERVING (world > 1: then the rendezvous store,
+// then wait for every follower, --startup-timeout) -> load weights (the rank's shard) -> size and allocate KV pools ->
 // start the engine -> health SERVING -> write the ready file "grpc=HOST:PORT metrics=HOST:PORT" (temp + rename).
 // Followers: tp_group.h. Any failure before that prints one line naming the problem and exits non-zero.
 // SIGTERM/SIGINT: health NOT_SERVING, stop admitting, finish in-flight requests within --drain-timeout (abort
 // the rest), exit 0 (the lock-step leader's shutdown plan then releases the followers).
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
@@ -277,13 +278,19 @@ std::string ReadyLine(const WorkerOptions& o, int grpc_port, const metrics::Metr
 // The gRPC side, up before the engine (NOT_SERVING; Generate answers UNAVAILABLE until AttachEngine) so
 // followers can rendezvous. Members are destroyed server first, then the service.
 struct Frontend {
+  // Set once the leader's rendezvous store exists; until then Worker.Rendezvous answers UNAVAILABLE (followers
+  // retry). The store binds an ephemeral port, so it is made after --listen is bound: made first, it could take
+  // a --listen port inside the ephemeral range (50051 is) and the server would fail to start.
+  // Owned here, first member, so it is destroyed after the server that calls it.
+  std::unique_ptr<comm::RendezvousLeader> rendezvous_owner;
+  std::atomic<comm::RendezvousLeader*> rendezvous{nullptr};
   std::unique_ptr<WorkerService> service;
   std::unique_ptr<grpc::Server> server;
   std::unique_ptr<HealthProbeServer> health;  // --health-listen; destroyed before the server
   int port = 0;
 };
 
-absl::StatusOr<std::unique_ptr<Frontend>> StartFrontend(const WorkerOptions& o, comm::RendezvousLeader* rendezvous) {
+absl::StatusOr<std::unique_ptr<Frontend>> StartFrontend(const WorkerOptions& o) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   auto f = std::make_unique<Frontend>();
@@ -294,9 +301,11 @@ absl::StatusOr<std::unique_ptr<Frontend>> StartFrontend(const WorkerOptions& o, 
                                    f->server->GetHealthCheckService()->SetServingStatus(false);
                                  },
                                  .rendezvous = nullptr};
-  if (rendezvous != nullptr) {
-    service_options.rendezvous = [rendezvous](const auto& request, auto* response) {
-      return rendezvous->Handle(request, response);
+  if (o.world > 1) {
+    service_options.rendezvous = [f = f.get()](const auto& request, auto* response) {
+      comm::RendezvousLeader* leader = f->rendezvous.load();
+      if (leader == nullptr) return absl::UnavailableError("the group leader is still starting its rendezvous store");
+      return leader->Handle(request, response);
     };
   }
   f->service = std::make_unique<WorkerService>(nullptr, std::move(service_options));
@@ -326,12 +335,7 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     serving_metrics = std::make_unique<metrics::ServingMetrics>(
         *metrics_server->registry(), metrics::Labels{.role = "worker", .group = group, .rank = o.rank});
   }
-  // World > 1: the rendezvous store exists before the server answers Worker.Rendezvous.
-  auto rendezvous_or = MakeRendezvousLeader(o);
-  if (!rendezvous_or.ok()) return Fail(rendezvous_or.status());
-  std::unique_ptr<comm::RendezvousLeader> rendezvous = std::move(*rendezvous_or);
-
-  auto frontend_or = StartFrontend(o, rendezvous.get());
+  auto frontend_or = StartFrontend(o);
   if (!frontend_or.ok()) return Fail(frontend_or.status());
   Frontend& frontend = **frontend_or;
   grpc::Server* server = frontend.server.get();
@@ -341,6 +345,12 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     return Fail(s);
   };
+  // World > 1: the rendezvous store, made after --listen is bound (Frontend::rendezvous says why).
+  auto rendezvous_or = MakeRendezvousLeader(o);
+  if (!rendezvous_or.ok()) return fail(rendezvous_or.status());
+  frontend.rendezvous_owner = std::move(*rendezvous_or);
+  comm::RendezvousLeader* rendezvous = frontend.rendezvous_owner.get();
+  frontend.rendezvous.store(rendezvous);
 
   std::optional<comm::Group> group;  // declared before the engine: the lock-step leader inside uses it
   if (rendezvous) {

@@ -210,16 +210,42 @@ int HealthStatus(const std::string& address) {
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
 }
 
-int FreePort() {
+namespace {
+// True when a loopback TCP socket can bind `port` (0: any; *bound gets the port taken).
+bool BindsLoopback(int port, int* bound) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ok = ok && getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  if (ok) *bound = ntohs(addr.sin_port);
+  return ok;
+}
+}  // namespace
+
+// Below the kernel's ephemeral range: a port released by bind(0) goes back to the pool that every later bind(0)
+// and every outgoing connection draws from (a TP leader's store, a follower's Gloo pairs), and CI saw one of them
+// take it before the program listened. Ports below ip_local_port_range are never handed out that way.
+int FreePort() {
+  int low = 32768;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  if (!(range >> low) || low <= 12000) low = 32768;
+  static thread_local unsigned seed = static_cast<unsigned>(getpid()) * 2654435761u ^
+                                      static_cast<unsigned>(std::chrono::steady_clock::now().time_since_epoch().count());
+  const int span = low - 10000;
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    seed = seed * 1103515245u + 12345u;
+    const int port = 10000 + static_cast<int>((seed >> 8) % static_cast<unsigned>(span));
+    int bound = 0;
+    if (BindsLoopback(port, &bound)) return bound;
+  }
+  int bound = 0;
+  return BindsLoopback(0, &bound) ? bound : 0;
 }
 
 }  // namespace dsv4::worker::testing

@@ -36,8 +36,8 @@ class ChildProcess {
 // 2 NOT_SERVING, 0 UNKNOWN, -1 no answer within 2 s.
 int HealthStatus(const std::string& address);
 
-// A loopback port that was free a moment ago (bound to port 0 and released), for programs that must be given
-// their address before they start (a TP leader's followers dial it before its ready file exists).
+// A loopback port that was free a moment ago (below the ephemeral range, bound and released), for programs that
+// must be given their address before they start (a TP leader's followers dial it before its ready file exists).
 int FreePort();
 
 // Runs argv to completion and returns its stdout (stderr goes to the test log). Errors on non-zero exit.
