@@ -46,6 +46,7 @@ class Dsv4Executor final : public ModelExecutor {
     mo.max_step_tokens = o.max_step_tokens;
     mo.max_context = o.max_context;
     mo.on_layer_loaded = o.on_layer_loaded;
+    DSV4_ASSIGN_OR_RETURN(mo.weight_load.mode, model::ParseWeightLoadMode(o.weight_load));
     DSV4_ASSIGN_OR_RETURN(model_, model::Dsv4Model::Load(o.checkpoint, mo));
     const Config& c = model_->config();
     info_.model_name = std::filesystem::path(o.checkpoint).lexically_normal().filename().string();

@@ -26,6 +26,7 @@ struct Dsv4ExecutorOptions {
   int device = 0;               // CUDA device ordinal
   std::string attention_kernel = "mma";  // CUDA sparse-MLA decode kernel, mma | simt
   int threads = 0;              // CPU backend threads; 0 = all cores
+  std::string weight_load = "auto";  // auto | mapped | streamed (model/dsv4/weights.h)
   int64_t max_step_tokens = 2048;  // the largest step the engine runs (prefill chunk + decode tokens)
   int64_t max_context = 8192;      // the longest sequence (positions)
   // Decode time by phase: the executor makes its timer (on the backend's stream for CUDA) feeding this sink,

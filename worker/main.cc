@@ -59,6 +59,9 @@ ABSL_FLAG(std::string, backend, kDefaults.backend, "cpu | cuda");
 ABSL_FLAG(int, device, kDefaults.device, "GPU ordinal (cuda backend)");
 ABSL_FLAG(std::string, attention_kernel, kDefaults.attention_kernel,
           "cuda: sparse-MLA decode kernel of the FP8 attention, mma | simt");
+ABSL_FLAG(std::string, weight_load, kDefaults.weight_load,
+          "auto | mapped | streamed: how the weights reach the backend (auto: streamed from disk to a GPU when a rank "
+          "reads >= 3 GB, mapped otherwise)");
 ABSL_FLAG(bool, cuda_graphs, kDefaults.cuda_graphs,
           "cuda: decode-only steps replay one CUDA graph per batch bucket (false: the same padded steps run eagerly)");
 ABSL_FLAG(double, gpu_memory_fraction, kDefaults.gpu_memory_fraction,
@@ -107,6 +110,7 @@ WorkerOptions OptionsFromFlags(const std::set<std::string>& given_flags) {
   o.backend = absl::GetFlag(FLAGS_backend);
   o.device = absl::GetFlag(FLAGS_device);
   o.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
+  o.weight_load = absl::GetFlag(FLAGS_weight_load);
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   o.max_batch = absl::GetFlag(FLAGS_max_batch);
@@ -217,15 +221,12 @@ absl::StatusOr<std::unique_ptr<Engine>> StartEngine(const WorkerOptions& o, metr
     progress.Add(upto - credited);
     credited = upto;
   };
-  DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor,
-                        LoadDsv4Executor({.checkpoint = o.checkpoint, .mode = o.mode, .backend = o.backend,
-                                          .device = o.device, .attention_kernel = o.attention_kernel,
-                                          .threads = o.threads,
-                                          .max_step_tokens = MaxStepTokens(o), .max_context = o.max_context,
-                                          .phase_sink = metrics != nullptr ? metrics::SinkTo(metrics) : nullptr,
-                                          .phase_timing_every = o.phase_timing_every,
-                                          .on_layer_loaded = on_layer,
-                                          .tp_comm = group != nullptr ? &group->data() : nullptr}));
+  Dsv4ExecutorOptions eo = ExecutorOptions(o);
+  eo.phase_sink = metrics != nullptr ? metrics::SinkTo(metrics) : nullptr;
+  eo.phase_timing_every = o.phase_timing_every;
+  eo.on_layer_loaded = on_layer;
+  eo.tp_comm = group != nullptr ? &group->data() : nullptr;
+  DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> executor, LoadDsv4Executor(eo));
   LogResident(o);
   if (group != nullptr) executor = WrapLeader(std::move(executor), *group, o, std::move(on_group_failure));
   progress.Add(load->bytes - credited);

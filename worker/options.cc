@@ -40,6 +40,10 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
   if (o.backend != "cpu" && o.backend != "cuda") {
     return absl::InvalidArgumentError(absl::StrCat("--backend '", o.backend, "' must be cpu or cuda"));
   }
+  if (o.weight_load != "auto" && o.weight_load != "mapped" && o.weight_load != "streamed") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight-load '", o.weight_load, "' must be auto, mapped or streamed"));
+  }
   if (o.attention_kernel != "mma" && o.attention_kernel != "simt") {
     return absl::InvalidArgumentError(absl::StrCat("--attention-kernel '", o.attention_kernel, "' must be mma or simt"));
   }
@@ -110,7 +114,7 @@ std::string DescribeOptions(const WorkerOptions& o) {
   } else {
     absl::StrAppend(&out, " (threads ", o.threads, ", mem fraction ", o.mem_fraction, ")");
   }
-  absl::StrAppend(&out, ", mode ", o.mode, ", group ", o.group, " rank ", o.rank, " of ", o.world, ", max batch ",
+  absl::StrAppend(&out, ", weight load ", o.weight_load, ", mode ", o.mode, ", group ", o.group, " rank ", o.rank, " of ", o.world, ", max batch ",
                   o.max_batch, ", max context ", o.max_context, ", prefill chunk ", o.prefill_chunk, ", page rows ",
                   o.page_rows, ", kv pages ", o.kv_pages == 0 ? std::string("auto") : absl::StrCat(o.kv_pages),
                   ", listen ", o.listen);

@@ -42,6 +42,12 @@ void WatchSignals(const sigset_t& signals, double drain_timeout_s, int rank) {
 
 }  // namespace
 
+Dsv4ExecutorOptions ExecutorOptions(const WorkerOptions& o) {
+  return {.checkpoint = o.checkpoint, .mode = o.mode, .backend = o.backend, .device = o.device,
+          .attention_kernel = o.attention_kernel, .threads = o.threads, .weight_load = o.weight_load,
+          .max_step_tokens = MaxStepTokens(o), .max_context = o.max_context};
+}
+
 absl::StatusOr<comm::GroupOptions> MakeGroupOptions(const WorkerOptions& o) {
   comm::GroupOptions g;
   g.rank = o.rank;
@@ -108,15 +114,7 @@ absl::Status RunFollowerRank(const WorkerOptions& o, const sigset_t& signals,
   DSV4_LOG_INFO("rank {} of {}: joining the group at {} (checkpoint {})", o.rank, o.world, o.leader,
                 g.checkpoint_fingerprint);
   DSV4_ASSIGN_OR_RETURN(comm::Group group, comm::JoinGroup(g));
-  Dsv4ExecutorOptions eo;
-  eo.checkpoint = o.checkpoint;
-  eo.mode = o.mode;
-  eo.backend = o.backend;
-  eo.device = o.device;
-  eo.attention_kernel = o.attention_kernel;
-  eo.threads = o.threads;
-  eo.max_step_tokens = MaxStepTokens(o);
-  eo.max_context = o.max_context;
+  Dsv4ExecutorOptions eo = ExecutorOptions(o);
   eo.tp_comm = &group.data();
   DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ModelExecutor> local, LoadDsv4Executor(eo));
   LogResident(o);

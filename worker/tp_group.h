@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "comm/rendezvous.h"
+#include "worker/dsv4_executor.h"
 #include "worker/model_executor.h"
 #include "worker/options.h"
 
@@ -24,6 +25,9 @@ namespace dsv4::worker {
 
 // The group options of this rank (fingerprint of --checkpoint, --host, --leader, the two timeouts).
 absl::StatusOr<comm::GroupOptions> MakeGroupOptions(const WorkerOptions& o);
+
+// The executor options every rank derives from its flags (the leader adds metrics, progress and its group).
+Dsv4ExecutorOptions ExecutorOptions(const WorkerOptions& o);
 
 // Rank 0 of a group of world > 1: starts the rendezvous store; null for world 1.
 absl::StatusOr<std::unique_ptr<comm::RendezvousLeader>> MakeRendezvousLeader(const WorkerOptions& o);

@@ -79,7 +79,7 @@ absl::StatusOr<std::unique_ptr<Dsv4Model>> Dsv4Model::Load(const ckpt::Checkpoin
     impl->shard = std::make_unique<ShardLayout>(layout);
   }
   DSV4_ASSIGN_OR_RETURN(impl->weights, LoadWeights(*ck, impl->config, *impl->backend, impl->shard.get(),
-                                                   options.on_layer_loaded));
+                                                   options.on_layer_loaded, options.weight_load));
   if (impl->shard != nullptr) {
     // The forward runs on this rank's heads and output groups only; everything else keeps the full config.
     impl->config.num_attention_heads = impl->shard->heads.size;

@@ -37,6 +37,7 @@
 #include "model/dsv4/hooks.h"
 #include "model/dsv4/shard.h"
 #include "model/dsv4/step.h"
+#include "model/dsv4/weights.h"
 
 namespace dsv4::ckpt {
 class Checkpoint;
@@ -78,6 +79,8 @@ struct ModelOptions {
   int64_t max_context = 8192;
   // Called by Load after each main layer's weights are in memory (progress lines on long loads); may be empty.
   std::function<void(int layers_loaded, int layers_total)> on_layer_loaded = nullptr;
+  // Mapped or streamed weight loading (weights.h; the worker's --weight-load).
+  WeightLoadOptions weight_load = {};
 };
 
 class Dsv4Model {

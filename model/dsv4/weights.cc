@@ -186,6 +186,7 @@ class Loader {
   std::vector<ckpt::StreamItem> TakeItems() { return std::move(items_); }
   int64_t largest_hold() const { return std::max(largest_hold_, hold_); }
   int64_t largest_item() const { return largest_item_; }
+  int64_t planned_bytes() const { return planned_bytes_; }  // kPlan: every byte the stream will read
 
  private:
   static int64_t ViewBytes(const kernels::WeightView& v) {
@@ -201,6 +202,7 @@ class Loader {
   }
   void Record(ckpt::StreamItem item) {
     const int64_t b = static_cast<int64_t>(item.bytes());
+    planned_bytes_ += b;
     hold_ += b;
     largest_item_ = std::max(largest_item_, b);
     items_.push_back(std::move(item));
@@ -218,7 +220,7 @@ class Loader {
   int64_t bytes_ = 0;
   double prepare_seconds_ = 0;
   std::vector<ckpt::StreamItem> items_;
-  int64_t hold_ = 0, largest_hold_ = 0, largest_item_ = 0;
+  int64_t hold_ = 0, largest_hold_ = 0, largest_item_ = 0, planned_bytes_ = 0;
   std::vector<uint8_t> zeros_;
 };
 
@@ -354,18 +356,43 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> Walk(Loader& ld, const Config& c, 
 
 }  // namespace
 
+absl::StatusOr<WeightLoadOptions::Mode> ParseWeightLoadMode(std::string_view name) {
+  if (name == "auto") return WeightLoadOptions::Mode::kAuto;
+  if (name == "mapped") return WeightLoadOptions::Mode::kMapped;
+  if (name == "streamed") return WeightLoadOptions::Mode::kStreamed;
+  return absl::InvalidArgumentError(
+      absl::StrCat("weight load mode '", std::string(name), "' unknown: one of auto, mapped, streamed"));
+}
+
+LoadChoice ShouldStream(const WeightLoadOptions& options, bool has_device, bool in_memory, int64_t rank_bytes) {
+  switch (options.mode) {
+    case WeightLoadOptions::Mode::kStreamed: return {true, "streamed as asked"};
+    case WeightLoadOptions::Mode::kMapped: return {false, "mapped as asked"};
+    case WeightLoadOptions::Mode::kAuto: break;
+  }
+  if (!has_device) return {false, "auto: mapped, the backend has no device"};
+  if (in_memory) return {false, "auto: mapped, the checkpoint is held in memory"};
+  const double gb = static_cast<double>(rank_bytes) / 1e9, min_gb = static_cast<double>(options.auto_stream_min_bytes) / 1e9;
+  if (rank_bytes < options.auto_stream_min_bytes) {
+    return {false, absl::StrFormat("auto: mapped, %.2f GB for this rank is below the %.2f GB streaming threshold", gb,
+                                   min_gb)};
+  }
+  return {true, absl::StrFormat("auto: streamed, %.2f GB for this rank (threshold %.2f GB)", gb, min_gb)};
+}
+
 std::string WeightLoadStats::ToString() const {
   const double gb = static_cast<double>(bytes) / 1e9;
   auto rate = [&](double s) { return s > 0 ? gb / s : 0.0; };
+  const std::string why = choice.empty() ? "" : absl::StrCat(" [", choice, "]");
   if (!streamed) {
-    return absl::StrFormat("mapped %.3f GB in %.2f s (%.2f GB/s); backend prepare %.2f s", gb, seconds,
-                           rate(seconds), prepare_seconds);
+    return absl::StrFormat("mapped %.3f GB in %.2f s (%.2f GB/s); backend prepare %.2f s%s", gb, seconds,
+                           rate(seconds), prepare_seconds, why);
   }
   return absl::StrFormat(
       "streamed %.3f GB in %.2f s (%.2f GB/s): plan %.3f s, pinned staging %d MiB in %.2f s, read %.2f s (%d "
       "threads, %.2f GB/s), copy + prepare on the backend %.2f s (%.2f GB/s), waited for reads %.2f s",
       gb, seconds, rate(seconds), plan_seconds, static_cast<int>(staging_bytes >> 20), staging_seconds, read_seconds,
-      threads, rate(read_seconds), prepare_seconds, rate(prepare_seconds), wait_seconds);
+      threads, rate(read_seconds), prepare_seconds, rate(prepare_seconds), wait_seconds) + why;
 }
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint& ck, const Config& c,
@@ -382,9 +409,18 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint
     return absl::InvalidArgumentError(
         absl::StrCat("weights: streamed loading reads checkpoint files; ", ck.dir(), " is held in memory"));
   }
-  st.streamed = options.mode == WeightLoadOptions::Mode::kStreamed ||
-                (options.mode == WeightLoadOptions::Mode::kAuto && backend.device_control() != nullptr &&
-                 !ck.in_memory());
+  // Streaming is planned first (headers only, milliseconds): kAuto needs the plan's byte count to choose.
+  const bool has_device = backend.device_control() != nullptr;
+  std::optional<Loader> plan;
+  if (options.mode == WeightLoadOptions::Mode::kStreamed ||
+      (options.mode == WeightLoadOptions::Mode::kAuto && has_device && !ck.in_memory())) {
+    plan.emplace(ck, backend, Loader::Mode::kPlan);
+    DSV4_RETURN_IF_ERROR(Walk(*plan, c, shard, on_layer).status());
+    st.plan_seconds = Since(t0);
+  }
+  const LoadChoice choice = ShouldStream(options, has_device, ck.in_memory(), plan ? plan->planned_bytes() : 0);
+  st.streamed = choice.streamed;
+  st.choice = choice.why;
   std::unique_ptr<ModelWeights> w;
   if (!st.streamed) {
     Loader ld(ck, backend, Loader::Mode::kMapped);
@@ -392,18 +428,15 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint
     st.bytes = ld.bytes();
     st.prepare_seconds = ld.prepare_seconds();
   } else {
-    Loader plan(ck, backend, Loader::Mode::kPlan);
-    DSV4_RETURN_IF_ERROR(Walk(plan, c, shard, on_layer).status());
-    st.plan_seconds = Since(t0);
     // Room for what the loader holds at once (wrapping in the ring can waste up to one item) and the read-ahead.
-    const int64_t capacity = plan.largest_hold() + plan.largest_item() + std::max<int64_t>(0, options.read_ahead_bytes);
+    const int64_t capacity = plan->largest_hold() + plan->largest_item() + std::max<int64_t>(0, options.read_ahead_bytes);
     const auto t1 = std::chrono::steady_clock::now();
     DSV4_ASSIGN_OR_RETURN(kernels::Buffer staging, backend.Allocate(capacity, kernels::MemoryKind::kHostStaging));
     st.staging_seconds = Since(t1);
     st.staging_bytes = capacity;
     {
       DSV4_ASSIGN_OR_RETURN(std::unique_ptr<ckpt::StreamReader> reader,
-                            ckpt::StreamReader::Start(plan.TakeItems(), staging.as<uint8_t>(), capacity,
+                            ckpt::StreamReader::Start(plan->TakeItems(), staging.as<uint8_t>(), capacity,
                                                       {.threads = options.reader_threads,
                                                        .chunk_bytes = options.chunk_bytes}));
       Loader ld(ck, backend, Loader::Mode::kStreamed, reader.get());

@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,9 +78,12 @@ struct ModelWeights {
 
 struct WeightLoadOptions {
   enum class Mode { kAuto, kMapped, kStreamed };
-  // kAuto: streamed on a backend with a device (device_control()) from a checkpoint on disk, mapped otherwise
-  // (kStreamed refuses an in-memory checkpoint).
+  // kAuto: streamed on a backend with a device (device_control()) from a checkpoint on disk when this rank reads at
+  // least auto_stream_min_bytes, mapped otherwise (kStreamed refuses an in-memory checkpoint). ShouldStream decides.
   Mode mode = Mode::kAuto;
+  // Below this many bytes per rank mapping is as fast or faster: pinning the staging ring costs ~0.3 s, and the H200
+  // machine measured 5.7 GB/s mapped vs 4.3 streamed on 2 GB warm, 3.8 vs 6.0 on 6.6 GB (bench/RESULTS.md, load).
+  int64_t auto_stream_min_bytes = int64_t{3'000'000'000};
   int reader_threads = 4;
   int64_t chunk_bytes = int64_t{16} << 20;  // largest single pread
   // Staging = the largest set of bytes the loader holds at once (one layer's routed experts, or the embedding)
@@ -88,9 +92,22 @@ struct WeightLoadOptions {
   int64_t read_ahead_bytes = int64_t{64} << 20;
 };
 
+// "auto", "mapped", "streamed" -> Mode (the worker's --weight-load); InvalidArgument naming the choices otherwise.
+absl::StatusOr<WeightLoadOptions::Mode> ParseWeightLoadMode(std::string_view name);
+
+// Whether LoadWeights streams, and why (for the start-up log): kStreamed yes, kMapped no, kAuto when the backend has
+// a device, the checkpoint is on disk and this rank reads at least auto_stream_min_bytes (`rank_bytes`: the plan's
+// total; only asked once there is a plan).
+struct LoadChoice {
+  bool streamed = false;
+  std::string why;
+};
+LoadChoice ShouldStream(const WeightLoadOptions& options, bool has_device, bool in_memory, int64_t rank_bytes);
+
 // What a load cost, for the start-up log ("weights: streamed 1.93 GB in ...") and the load benchmark.
 struct WeightLoadStats {
   bool streamed = false;
+  std::string choice;            // why this path (ShouldStream), e.g. "auto: 1.93 GB below 3.00 GB"
   int64_t bytes = 0;             // checkpoint bytes this rank read (handed to the backend)
   double seconds = 0;            // the whole LoadWeights
   double plan_seconds = 0;       // streamed: the header-only walk

@@ -16,6 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/device_control.h"
 #include "model/config/config.h"
 #include "model/dsv4/weights.h"
 #include "tests/model/model_fixture.h"
@@ -38,11 +39,26 @@ std::pair<int64_t, int64_t> ViewBytes(const kernels::WeightView& v) {
   return {0, 0};
 }
 
+// Stands in for a GPU's controls so a CPU backend counts as one with a device for the loader's choice (kAuto); the
+// loader never calls them.
+class NoDeviceControl final : public kernels::DeviceControl {
+ public:
+  absl::StatusOr<kernels::DeviceMemory> Memory() override { return absl::UnimplementedError("no device"); }
+  void* stream() override { return nullptr; }
+  absl::StatusOr<std::unique_ptr<kernels::StepGraph>> Capture(const std::function<absl::Status()>&) override {
+    return absl::UnimplementedError("no device");
+  }
+  absl::Status Launch(kernels::StepGraph&) override { return absl::UnimplementedError("no device"); }
+};
+
 // A CPU backend that logs everything the loader hands it: each view's name, format, shape, global scale and
-// bytes, and every upload's bytes.
+// bytes, and every upload's bytes. With claims_device it answers device_control() like a GPU backend.
 class RecordingBackend final : public kernels::Backend {
  public:
-  RecordingBackend() : cpu_(kernels::cpu::MakeCpuBackend(1)) {}
+  explicit RecordingBackend(bool claims_device = false) : cpu_(kernels::cpu::MakeCpuBackend(1)) {
+    if (claims_device) device_ = std::make_unique<NoDeviceControl>();
+  }
+  kernels::DeviceControl* device_control() override { return device_.get(); }
   std::string name() const override { return "recording"; }
   kernels::Ops& ops() override { return cpu_->ops(); }
   absl::Status Reserve(const kernels::StepLimits& l) override { return cpu_->Reserve(l); }
@@ -96,6 +112,7 @@ class RecordingBackend final : public kernels::Backend {
                                 v.scale ? std::string(reinterpret_cast<const char*>(v.scale), scale) : "-"));
   }
   std::unique_ptr<kernels::Backend> cpu_;
+  std::unique_ptr<NoDeviceControl> device_;
   std::vector<std::string> log_;
 };
 
@@ -211,6 +228,56 @@ TEST(WeightStream, InMemoryCheckpointLoadsMappedAndRefusesStreaming) {
   ASSERT_FALSE(c.ok());
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << c.status();
   EXPECT_THAT(c.status().message(), HasSubstr("held in memory"));
+}
+
+TEST(WeightLoadChoice, ParsesTheThreeModesAndRefusesOthers) {
+  EXPECT_EQ(*ParseWeightLoadMode("auto"), WeightLoadOptions::Mode::kAuto);
+  EXPECT_EQ(*ParseWeightLoadMode("mapped"), WeightLoadOptions::Mode::kMapped);
+  EXPECT_EQ(*ParseWeightLoadMode("streamed"), WeightLoadOptions::Mode::kStreamed);
+  for (const char* bad : {"", "Auto", "stream", "mmap"}) {
+    auto m = ParseWeightLoadMode(bad);
+    ASSERT_FALSE(m.ok()) << bad;
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("auto, mapped, streamed"));
+  }
+}
+
+TEST(WeightLoadChoice, AutoStreamsOnlyLargeRanksFromDiskToADevice) {
+  const WeightLoadOptions automatic{.auto_stream_min_bytes = 3'000'000'000};
+  const int64_t big = 40'000'000'000, small = 2'000'000'000;
+  EXPECT_TRUE(ShouldStream(automatic, true, false, big).streamed);
+  EXPECT_TRUE(ShouldStream(automatic, true, false, 3'000'000'000).streamed) << "the threshold itself streams";
+  const LoadChoice below = ShouldStream(automatic, true, false, small);
+  EXPECT_FALSE(below.streamed);
+  EXPECT_THAT(below.why, HasSubstr("2.00 GB for this rank is below the 3.00 GB"));
+  EXPECT_FALSE(ShouldStream(automatic, false, false, big).streamed) << "no device: mapped";
+  EXPECT_FALSE(ShouldStream(automatic, true, true, big).streamed) << "in memory: mapped";
+  // Asked for explicitly, size does not matter.
+  EXPECT_TRUE(ShouldStream({.mode = WeightLoadOptions::Mode::kStreamed}, false, false, 1).streamed);
+  EXPECT_FALSE(ShouldStream({.mode = WeightLoadOptions::Mode::kMapped}, true, false, big).streamed);
+}
+
+TEST(WeightLoadChoice, AutoOnADeviceBackendChoosesByThePlannedBytes) {
+  // The tiny checkpoint is far below the default threshold: mapped, saying why; with the threshold at 1 byte the
+  // same kAuto load streams and hands the backend the same bytes.
+  const std::string dir = testing::TinyCheckpoint();
+  auto ck = ckpt::Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  auto config = LoadConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  RecordingBackend small_load(/*claims_device=*/true), large_load(/*claims_device=*/true);
+  WeightLoadStats small_stats, large_stats;
+  auto a = LoadWeights(**ck, *config, small_load, nullptr, {}, {}, &small_stats);
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_FALSE(small_stats.streamed);
+  EXPECT_THAT(small_stats.choice, HasSubstr("below the 3.00 GB streaming threshold"));
+  EXPECT_THAT(small_stats.ToString(), HasSubstr("[auto: mapped"));
+  auto b = LoadWeights(**ck, *config, large_load, nullptr, {}, {.auto_stream_min_bytes = 1}, &large_stats);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(large_stats.streamed) << large_stats.choice;
+  EXPECT_THAT(large_stats.ToString(), HasSubstr("[auto: streamed"));
+  EXPECT_EQ(small_stats.bytes, large_stats.bytes);
+  EXPECT_EQ(small_load.log(), large_load.log());
 }
 
 TEST(WeightStream, FileTruncatedAfterOpenNamesTensorAndFile) {

@@ -1,5 +1,5 @@
-// dsv4-worker's backend flags (--backend, --attention-kernel, --gpu-memory-fraction, --mem-fraction, --cuda-graphs)
-// and the CUDA-graph bucket ladder: what ValidateOptions (and so --validate-only) accepts and refuses, by name.
+// dsv4-worker's backend flags (--backend, --attention-kernel, --weight-load, --gpu-memory-fraction, --mem-fraction,
+// --cuda-graphs) and the CUDA-graph bucket ladder: what ValidateOptions (and so --validate-only) accepts and refuses, by name.
 #include <string>
 #include <vector>
 
@@ -42,6 +42,13 @@ TEST(WorkerOptions, BackendFlagsAreChecked) {
   o = Cuda();
   o.attention_kernel = "fast";
   ExpectRefused(o, "--attention-kernel 'fast' must be mma or simt");
+  for (const char* mode : {"auto", "mapped", "streamed"}) {
+    o = Cuda();
+    o.weight_load = mode;
+    EXPECT_TRUE(ValidateOptions(o).ok()) << mode << ": " << ValidateOptions(o);
+  }
+  o.weight_load = "mmap";
+  ExpectRefused(o, "--weight-load 'mmap' must be auto, mapped or streamed");
   for (double f : {0.0, -0.5, 1.01}) {
     o = Cuda();
     o.gpu_memory_fraction = f;
