@@ -82,7 +82,7 @@ class PromtoolTest(unittest.TestCase):
 
 
 class ManifestTest(unittest.TestCase):
-    def check_pod(self, pod, grpc_port, metrics_port, drain_at_least, gpu):
+    def check_pod(self, pod, grpc_port, metrics_port, drain_at_least, gpus):
         c = pod["spec"]["containers"][0]
         args = c.get("command", []) + c.get("args", [])
         # The kubelet's gRPC probe cannot speak TLS: a TLS port is probed on the plaintext health-only port.
@@ -108,9 +108,9 @@ class ManifestTest(unittest.TestCase):
         ann = pod["metadata"]["annotations"]
         self.assertEqual(ann["prometheus.io/scrape"], "true")
         self.assertEqual(int(ann["prometheus.io/port"]), metrics_port)
-        if gpu:
-            self.assertEqual(c["resources"]["requests"]["nvidia.com/gpu"], 1)
-            self.assertEqual(c["resources"]["limits"]["nvidia.com/gpu"], 1)
+        if gpus:
+            self.assertEqual(c["resources"]["requests"]["nvidia.com/gpu"], gpus)
+            self.assertEqual(c["resources"]["limits"]["nvidia.com/gpu"], gpus)
             mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
             vols = {v["name"]: v for v in pod["spec"]["volumes"]}
             shm = [n for n, p in mounts.items() if p == "/dev/shm"]
@@ -123,35 +123,41 @@ class ManifestTest(unittest.TestCase):
         dep = docs[("Deployment", "dsv4-coordinator")]
         pod = dep["spec"]["template"]
         self.assertEqual(dep["spec"]["selector"]["matchLabels"].items() - pod["metadata"]["labels"].items(), set())
-        args = self.check_pod(pod, 50051, 9400, drain_at_least=1, gpu=False)
+        args = self.check_pod(pod, 50051, 9400, drain_at_least=1, gpus=0)
         self.assertIn("dsv4-leaders", flag(args, "workers"))
         svc = docs[("Service", "dsv4-coordinator")]
         self.assertEqual(svc["spec"]["selector"].items() - pod["metadata"]["labels"].items(), set())
         self.assertIn(50051, [p["port"] for p in svc["spec"]["ports"]])
 
-    def test_worker_groups_statefulsets_and_headless_services(self):
+    def test_worker_groups_one_pod_per_group_holding_its_gpus(self):
+        # A group's ranks share one pod (dsv4-group), so NCCL sees all its GPUs; every pod is a group leader.
         docs = load_all("worker-groups.yaml")
         services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
         sets = [d for d in docs if d["kind"] == "StatefulSet"]
-        self.assertGreaterEqual(len(sets), 2, "two worker groups expected")
-        groups = set()
-        for s in sets:
-            pod = s["spec"]["template"]
-            svc = services[s["spec"]["serviceName"]]
-            self.assertEqual(svc["spec"]["clusterIP"], "None", "rendezvous needs a headless service")
-            self.assertTrue(svc["spec"]["publishNotReadyAddresses"])
-            labels = pod["metadata"]["labels"]
-            self.assertEqual(svc["spec"]["selector"].items() - labels.items(), set())
-            self.assertEqual(s["spec"]["selector"]["matchLabels"].items() - labels.items(), set())
-            args = self.check_pod(pod, 50061, 9401, drain_at_least=30, gpu=True)
-            group = flag(args, "group")
-            self.assertEqual(group, labels["dsv4.io/group"])
-            groups.add(group)
-            self.assertIn("POD_INDEX", flag(args, "rank"))
-        self.assertEqual(len(groups), len(sets), "each StatefulSet is its own group")
+        self.assertEqual(len(sets), 1, "one StatefulSet whose pods are the groups")
+        s = sets[0]
+        self.assertGreaterEqual(s["spec"]["replicas"], 2, "two worker groups expected")
+        pod = s["spec"]["template"]
+        labels = pod["metadata"]["labels"]
+        self.assertEqual(s["spec"]["selector"]["matchLabels"].items() - labels.items(), set())
+        c = pod["spec"]["containers"][0]
+        words = " ".join(c.get("command", []) + c.get("args", []))
+        m = re.search(r"dsv4-group --world=(\d+)\b(.*?) -- ", words)
+        self.assertIsNotNone(m, "the worker pod runs its group through dsv4-group --world=T ... -- <worker flags>")
+        world = int(m.group(1))
+        stop = re.search(r"--stop-timeout=(\d+)", m.group(2))
+        self.assertIsNotNone(stop, "--stop-timeout bounds the group's stop inside the grace period")
+        args = self.check_pod(pod, 50061, 9401, drain_at_least=30, gpus=world)
+        self.assertGreater(pod["spec"]["terminationGracePeriodSeconds"], int(stop.group(1)))
+        self.assertGreater(int(stop.group(1)), float(flag(args, "drain-timeout")), "the leader's drain fits")
+        self.assertIn("POD_INDEX", flag(args, "group"))
+        for owned in ("rank", "world", "device", "leader", "host"):
+            self.assertNotRegex(words.split(" -- ", 1)[1], r"--%s=" % owned, "dsv4-group writes --%s" % owned)
         leaders = services["dsv4-leaders"]
+        self.assertEqual(s["spec"]["serviceName"], "dsv4-leaders")
         self.assertEqual(leaders["spec"]["clusterIP"], "None")
-        self.assertEqual(leaders["spec"]["selector"]["apps.kubernetes.io/pod-index"], "0")
+        self.assertFalse(leaders["spec"]["publishNotReadyAddresses"], "only ready groups are routed to")
+        self.assertEqual(leaders["spec"]["selector"].items() - labels.items(), set(), "every group pod is a leader")
 
     def test_every_manifest_names_its_namespace(self):
         for name in ("coordinator.yaml", "worker-groups.yaml"):
@@ -267,7 +273,7 @@ class DockerfileTest(unittest.TestCase):
         runtime = text[text.rindex("\nFROM "):]
         self.assertIn("COPY --from=build", runtime)
         self.assertNotRegex(runtime, r"cuda-nvcc|-dev\b|build-essential", "runtime stage must not carry toolchains")
-        for binary in ("dsv4-worker", "dsv4-coordinator"):
+        for binary in ("dsv4-worker", "dsv4-group", "dsv4-coordinator"):
             self.assertIn(binary, text)
 
 

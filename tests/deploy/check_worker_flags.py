@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
-"""The worker manifests of deploy/k8s pass flags the worker accepts: every dsv4-worker command line in a
-manifest is run through the worker's own flag validation (`dsv4-worker --validate-only`, which parses and checks
-the flags without opening the checkpoint or touching a GPU, then exits 0), once per rank of its StatefulSet
-($(POD_INDEX) substituted as Kubernetes would). Also checks that --world equals the StatefulSet's replicas and
-that the validator does refuse bad flags (so this check can fail).
-Run: DSV4_WORKER_BIN=build/worker/dsv4-worker python3 tests/deploy/check_worker_flags.py
-(ctest -R deploy_worker_flags)."""
+"""The worker manifests of deploy/k8s pass flags the worker accepts. A pod runs one group through dsv4-group
+(`dsv4-group --world=T ... -- <worker flags>`): every such command line goes through `dsv4-group --validate-only`,
+which builds each rank's command line and runs it through the worker's own flag validation (`dsv4-worker
+--validate-only`: parses and checks the flags without opening the checkpoint or touching a GPU), once per pod of
+the StatefulSet ($(POD_INDEX) substituted as Kubernetes would); T must equal the pod's nvidia.com/gpu. A plain
+dsv4-worker command line is validated once per pod, and its --world must be 1 (ranks of one group share a pod).
+Also checks that both validators refuse bad flags (so this check can fail).
+Run: DSV4_WORKER_BIN=build/worker/dsv4-worker DSV4_GROUP_BIN=build/worker/dsv4-group \
+  python3 tests/deploy/check_worker_flags.py   (ctest -R deploy_worker_flags)."""
 import os
 import re
 import shlex
@@ -19,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.environ.get("DSV4_SOURCE_DIR", os.path.dirname(os.path.dirname(HERE)))
 K8S = os.path.join(ROOT, "deploy", "k8s")
 WORKER = os.environ.get("DSV4_WORKER_BIN", "")
+GROUP = os.environ.get("DSV4_GROUP_BIN", "")
 
 
 def manifests():
@@ -31,15 +34,16 @@ def manifests():
 
 
 def worker_command_lines(doc):
-    """(container name, argv after the dsv4-worker binary, env dict) for every container running dsv4-worker."""
+    """(container, program, argv after the program, env) for every container running dsv4-worker or dsv4-group."""
     spec = doc.get("spec", {}).get("template", {}).get("spec", {})
     for c in spec.get("containers", []):
         words = list(c.get("command", [])) + list(c.get("args", []))
         if len(words) >= 3 and words[0].endswith("sh") and words[1] == "-c":
             words = shlex.split(" ".join(words[2:]))  # a shell command line: split it as the shell would
         for i, w in enumerate(words):
-            if os.path.basename(w) == "dsv4-worker":
-                yield c["name"], words[i + 1:], c.get("env", [])
+            if os.path.basename(w) in ("dsv4-worker", "dsv4-group"):
+                yield c, os.path.basename(w), words[i + 1:], c.get("env", [])
+                break
 
 
 def substitute(argv, env, pod_index):
@@ -64,6 +68,14 @@ def validate(argv):
     return r.returncode, (r.stdout + r.stderr).strip()
 
 
+def validate_group(argv):
+    """dsv4-group --validate-only with the manifest's own options and worker flags."""
+    cut = argv.index("--")
+    r = subprocess.run([GROUP, "--worker=" + WORKER, "--validate-only", *argv[:cut], *argv[cut:]],
+                       capture_output=True, text=True, timeout=120)
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
 def flag(argv, name):
     for a in argv:
         if a.startswith("--%s=" % name):
@@ -71,23 +83,46 @@ def flag(argv, name):
     return None
 
 
-@unittest.skipUnless(WORKER and os.access(WORKER, os.X_OK), "DSV4_WORKER_BIN does not name a built dsv4-worker")
+@unittest.skipUnless(WORKER and os.access(WORKER, os.X_OK) and GROUP and os.access(GROUP, os.X_OK),
+                     "DSV4_WORKER_BIN / DSV4_GROUP_BIN do not name a built dsv4-worker and dsv4-group")
 class WorkerManifestFlagsTest(unittest.TestCase):
     def test_every_worker_command_line_validates_on_every_rank(self):
         checked = 0
         for name, doc in manifests():
-            for container, argv, env in worker_command_lines(doc):
-                where = "%s %s/%s container %s" % (name, doc["kind"], doc["metadata"]["name"], container)
+            for container, program, argv, env in worker_command_lines(doc):
+                where = "%s %s/%s container %s" % (name, doc["kind"], doc["metadata"]["name"], container["name"])
                 replicas = int(doc["spec"].get("replicas", 1))
-                for rank in range(replicas):
-                    args = substitute(argv, env, rank)
-                    rc, out = validate(args)
-                    self.assertEqual(rc, 0, "%s, rank %d: dsv4-worker %s\n%s" % (where, rank, " ".join(args), out))
-                    self.assertIn("flags OK", out, where)
-                    checked += 1
-                world = flag(argv, "world") or "1"
-                self.assertEqual(int(world), replicas, "%s: --world must equal the StatefulSet's replicas" % where)
-        self.assertGreaterEqual(checked, 2, "expected the two worker groups of worker-groups.yaml")
+                gpus = int(container.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+                for pod in range(replicas):
+                    args = substitute(argv, env, pod)
+                    if program == "dsv4-group":
+                        self.assertIn("--", args, where + ": worker flags go after --")
+                        world = int(flag(args[:args.index("--")], "world") or 0)
+                        self.assertEqual(world, gpus, "%s: --world must equal the pod's nvidia.com/gpu" % where)
+                        rc, out = validate_group(args)
+                        self.assertEqual(rc, 0, "%s, pod %d: dsv4-group %s\n%s" % (where, pod, " ".join(args), out))
+                        self.assertEqual(out.count("flags OK"), world, "%s: one validated line per rank" % where)
+                        checked += world
+                    else:
+                        self.assertEqual(flag(args, "world") or "1", "1",
+                                         "%s: a group's ranks share a pod: run them through dsv4-group" % where)
+                        rc, out = validate(args)
+                        self.assertEqual(rc, 0, "%s, pod %d: dsv4-worker %s\n%s" % (where, pod, " ".join(args), out))
+                        self.assertIn("flags OK", out, where)
+                        checked += 1
+        self.assertGreaterEqual(checked, 2, "expected the worker groups of worker-groups.yaml")
+
+    def test_the_group_launcher_refuses_what_it_would_get_wrong(self):
+        base = ["--world=2", "--", "--checkpoint=/models/dsv4", "--backend=cuda", "--listen=0.0.0.0:50061"]
+        for bad, says in ((["--rank=1"], "--rank is set by dsv4-group"),
+                          (["--attention-kernel=fast"], "--attention-kernel"),
+                          (["--max-batch", "64"], "write every worker flag as --name=value")):
+            rc, out = validate_group(base + bad)
+            self.assertNotEqual(rc, 0, "accepted %s: %s" % (bad, out))
+            self.assertIn(says, out, bad)
+        rc, out = validate_group(["--world=2", "--", "--checkpoint=/models/dsv4", "--listen=0.0.0.0:0"])
+        self.assertNotEqual(rc, 0, out)
+        self.assertIn("needs a fixed port", out)
 
     def test_the_validator_refuses_bad_flags(self):
         base = ["--checkpoint=/models/dsv4", "--backend=cuda"]
