@@ -11,6 +11,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
@@ -25,6 +26,7 @@ struct GroupPool::Group {
   std::string address;
   std::shared_ptr<dsv4::v1::Worker::Stub> stub;
   bool answered = false;  // the last applied poll answered
+  bool stalled = false;   // ... with an engine that made no progress for engine_stall
   std::string why = "not polled yet";
   dsv4::v1::GetLoadResponse load;
   std::optional<dsv4::v1::GetModelInfoResponse> model;
@@ -33,7 +35,7 @@ struct GroupPool::Group {
   int64_t routed_since_poll = 0;  // requests
   int64_t routed_since_poll_tokens = 0;
 
-  bool ready() const { return answered && !load.draining() && model.has_value(); }
+  bool ready() const { return answered && !stalled && !load.draining() && model.has_value(); }
 };
 
 namespace {
@@ -228,6 +230,10 @@ void GroupPool::PollOnce() {
     absl::MutexLock lock(&mu_);
     for (const Poll& p : polls) {
       ApplyPollLocked(p, started);
+      if (p.group->stalled) {
+        unanswered.emplace_back(p.group->address, p.group->why);
+        continue;
+      }
       if (p.load_status.ok()) continue;
       unanswered.emplace_back(
           p.group->address,
@@ -253,8 +259,15 @@ void GroupPool::ApplyPollLocked(const Poll& p, absl::Time started) {
     g.routed_since_poll = 0;
     g.routed_since_poll_tokens = 0;
   }
+  g.stalled = g.answered && options_.engine_stall > absl::ZeroDuration() &&
+              absl::Seconds(g.load.seconds_since_progress()) >= options_.engine_stall;
   if (!g.answered) {
     g.why = absl::StrCat("GetLoad: ", p.load_status.error_message());
+  } else if (g.stalled) {
+    g.why = absl::StrFormat("engine made no progress for %.1f s with %d running and %d waiting (engine stall "
+                            "deadline %d ms)",
+                            g.load.seconds_since_progress(), g.load.running(), g.load.waiting(),
+                            absl::ToInt64Milliseconds(options_.engine_stall));
   } else if (!g.model.has_value()) {
     g.why = absl::StrCat("GetModelInfo: ", p.info_status.error_message());
   } else if (g.load.draining()) {

@@ -47,9 +47,12 @@ struct GroupPoolOptions {
   std::vector<std::string> targets;              // "host:port" entries; DNS names may resolve to many groups
   absl::Duration poll_interval = absl::Milliseconds(100);
   absl::Duration rpc_timeout = absl::Seconds(1);  // per GetLoad / GetModelInfo poll: the health deadline
+  // A group whose load reports seconds_since_progress >= this is stalled: not ready, and reported through
+  // on_unanswered like a group that missed its poll. Zero = off.
+  absl::Duration engine_stall = absl::ZeroDuration();
   uint64_t seed = 0;                              // p2c random choices (tests pin it)
-  // Called on the watcher thread, with no pool lock held, after each poll that a group did not answer
-  // (address, why); the coordinator fails over that group's silent streams. May be empty.
+  // Called on the watcher thread, with no pool lock held, after each poll that a group did not answer or answered
+  // with a stalled engine (address, why); the coordinator fails over that group's silent streams. May be empty.
   std::function<void(const std::string& address, const std::string& why)> on_unanswered = nullptr;
   // How groups are dialled (plaintext by default). A leader is dialled by IP; with TLS its certificate must
   // carry security.server_name, or when that is empty the host as written in `targets`.

@@ -37,6 +37,9 @@ ABSL_FLAG(int, health_timeout_ms, 1000,
 ABSL_FLAG(int, stream_idle_timeout_ms, 30000,
           "stream inactivity deadline: a stream that delivered a token and then nothing for this long moves to "
           "another group even while its group answers polls; 0 = off");
+ABSL_FLAG(int, engine_stall_ms, 30000,
+          "a group whose engine made no progress for this long while it has requests (a hung step behind live RPC "
+          "threads) is not ready and its silent streams move to another group, first token or not; 0 = off");
 ABSL_FLAG(int, max_attempts, 4, "upstream streams per request (the first plus failovers and retries)");
 ABSL_FLAG(std::string, log_level, "info", "trace | debug | info | warn | error");
 // Security (docs/security.md). All empty = plaintext and no authentication, as suits a local run.
@@ -100,6 +103,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_drain_timeout) < 0) return Fail("--drain-timeout must be >= 0");
   if (absl::GetFlag(FLAGS_health_timeout_ms) < 1) return Fail("--health-timeout-ms must be >= 1");
   if (absl::GetFlag(FLAGS_stream_idle_timeout_ms) < 0) return Fail("--stream-idle-timeout-ms must be >= 0 (0 = off)");
+  if (absl::GetFlag(FLAGS_engine_stall_ms) < 0) return Fail("--engine-stall-ms must be >= 0 (0 = off)");
   dsv4::coordinator::CoordinatorOptions options{
       .listen = absl::GetFlag(FLAGS_listen),
       .workers = *workers,
@@ -107,6 +111,7 @@ int main(int argc, char** argv) {
       .poll_interval = absl::Milliseconds(absl::GetFlag(FLAGS_poll_interval_ms)),
       .poll_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_health_timeout_ms)),
       .stream_idle_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_stream_idle_timeout_ms)),
+      .engine_stall = absl::Milliseconds(absl::GetFlag(FLAGS_engine_stall_ms)),
       .max_attempts = absl::GetFlag(FLAGS_max_attempts),
       .min_ready_groups = absl::GetFlag(FLAGS_min_ready_groups)};
   options.tls = {.cert_file = absl::GetFlag(FLAGS_tls_cert),

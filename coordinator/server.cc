@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
       .targets = options.workers,
       .poll_interval = options.poll_interval,
       .rpc_timeout = health,
+      .engine_stall = options.engine_stall,
       .seed = options.route_seed != 0 ? options.route_seed : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())),
       // A group that missed its health deadline: its streams silent for as long are hung with it.
       .on_unanswered = [w = s->watchdog_.get(), health](const std::string& address, const std::string& why) {

@@ -41,6 +41,10 @@ struct CoordinatorOptions {
   absl::Duration poll_timeout = absl::Seconds(1);
   // Stream inactivity deadline after a stream's first message; zero = off.
   absl::Duration stream_idle_timeout = absl::Seconds(30);
+  // Engine stall deadline: a group whose engine reports no progress for this long while it has requests
+  // (GetLoadResponse.seconds_since_progress) is not ready, and its silent streams fail over - also those still
+  // waiting for their first token, which the inactivity deadline leaves alone. Zero = off.
+  absl::Duration engine_stall = absl::Seconds(30);
   int max_attempts = 4;                      // upstream streams per request (first + failovers/retries)
   // Health ("" service) turns SERVING once this many groups were ready (start-up gate; it stays SERVING
   // while groups come and go, so liveness probes do not restart a coordinator for its workers' sake).

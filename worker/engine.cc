@@ -90,6 +90,7 @@ absl::StatusOr<uint64_t> Engine::Submit(const dsv4::v1::GenerateRequest& g, std:
   r->arrival = r->handle;
   if (r->request_id.empty()) r->request_id = absl::StrCat("w", r->handle);
   const uint64_t handle = r->handle;
+  if (sleeping_ && inbox_.empty()) progress_at_ = absl::Now();  // the stall clock starts with the work
   inbox_.push_back(std::move(r));
   wake_.Signal();
   return handle;
@@ -116,7 +117,14 @@ bool Engine::draining() const {
 
 dsv4::v1::GetLoadResponse Engine::GetLoad() const {
   absl::MutexLock lock(&mu_);
-  return load_;
+  dsv4::v1::GetLoadResponse load = load_;
+  // Stalled = work the loop has not moved: it is inside a step, or was handed work and has not woken. A loop asleep
+  // with nothing new to do is not stalled even if requests wait (nothing can be scheduled until one ends).
+  const bool busy = load_.running() > 0 || waiting_in_scheduler_ > 0 || !inbox_.empty();
+  if (busy && (!sleeping_ || !inbox_.empty())) {
+    load.set_seconds_since_progress(absl::ToDoubleSeconds(absl::Now() - progress_at_));
+  }
+  return load;
 }
 
 int64_t Engine::preemptions() const {
@@ -136,7 +144,9 @@ bool Engine::TakeInbox(std::vector<std::unique_ptr<Request>>* fresh, std::vector
     auto has_work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stop_ || !inbox_.empty() || !cancels_.empty() || !drain_callbacks_.empty();
     };
+    sleeping_ = true;
     while (!has_work()) wake_.WaitWithTimeout(&mu_, absl::Milliseconds(200));
+    sleeping_ = false;
   }
   for (auto& r : inbox_) fresh->push_back(std::move(r));
   inbox_.clear();
@@ -227,6 +237,7 @@ void Engine::PublishLoad(double step_seconds) {
   load.set_draining(draining_);
   waiting_in_scheduler_ = scheduler_.num_waiting();
   if (step_seconds > 0) ++steps_;
+  progress_at_ = absl::Now();
   preemptions_ = scheduler_.preemptions();
   load_ = std::move(load);
 }

@@ -112,6 +112,10 @@ class Engine {
   uint64_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   int waiting_in_scheduler_ ABSL_GUARDED_BY(mu_) = 0;
   dsv4::v1::GetLoadResponse load_ ABSL_GUARDED_BY(mu_);
+  // The engine heartbeat (GetLoadResponse.seconds_since_progress): when the loop last finished an iteration,
+  // or was handed work while it slept (so an idle hour is not a stall).
+  absl::Time progress_at_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;  // the loop waits for work
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t preemptions_ ABSL_GUARDED_BY(mu_) = 0;
 

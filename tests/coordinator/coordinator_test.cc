@@ -504,6 +504,50 @@ TEST_F(CoordinatorTest, FrozenStreamFailsOverAtTheInactivityDeadline) {
   EXPECT_EQ(workers_[0]->completed(), 0);
 }
 
+// An engine that hangs before a stream's first token, behind RPC threads that still answer GetLoad: the
+// inactivity deadline never starts (no first message), but the group's heartbeat shows no progress, so at the
+// engine stall deadline the group is not ready and the request moves to the other group; it rejoins on thaw.
+TEST_F(CoordinatorTest, StalledEngineMovesEvenAStreamWaitingForItsFirstToken) {
+  StartWorkers({{.step = absl::Milliseconds(3)}, {.step = absl::Milliseconds(3)}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);  // the first attempt goes to group 0
+  workers_[1]->SetLoad(busy);
+  options_.poll_timeout = absl::Milliseconds(300);
+  options_.stream_idle_timeout = absl::ZeroDuration();  // off: only the heartbeat can catch this
+  options_.engine_stall = absl::Milliseconds(400);
+  StartCoordinator();
+  WaitPolls();
+  workers_[0]->Freeze(/*streams_only=*/true);
+  const absl::Time sent = absl::Now();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto reader = stub_->Generate(&ctx, MakeRequest({51, 52, 53}, 12));
+  std::vector<int32_t> tokens;
+  absl::Time first = absl::InfiniteFuture();
+  dsv4::v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    if (first == absl::InfiniteFuture() && msg.token_ids_size() > 0) first = absl::Now();
+    for (int32_t t : msg.token_ids()) tokens.push_back(t);
+  }
+  const grpc::Status s = reader->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(tokens, FakeGeneration({51, 52, 53}, 12, false, 0, 1000));
+  EXPECT_GE(first - sent, absl::Milliseconds(350)) << "moved before the stall deadline";
+  EXPECT_LT(first - sent, absl::Seconds(4)) << "first token after " << absl::FormatDuration(first - sent);
+  std::printf("[ measure ] stalled engine (stall deadline 400 ms, poll 20 ms): first token after %.0f ms\n",
+              absl::ToDoubleMilliseconds(first - sent));
+  ASSERT_EQ(workers_[1]->requests().size(), 1u);
+  const auto stalled = server_->pool().Snapshot();
+  ASSERT_NE(Group(stalled, 0), nullptr);
+  EXPECT_FALSE(Group(stalled, 0)->ready);
+  EXPECT_THAT(Group(stalled, 0)->why_not_ready, HasSubstr("engine made no progress"));
+  workers_[0]->Thaw();
+  EXPECT_TRUE(server_->pool().WaitForReady(2, absl::Seconds(5)));
+  for (int i = 0; i < 200 && workers_[0]->cancelled() == 0; ++i) absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_EQ(workers_[0]->cancelled(), 1);  // the abandoned stream ends cancelled, not served twice
+  EXPECT_EQ(workers_[0]->completed(), 0);
+}
+
 // Issue 16 #5: dsv4_prompt_tokens_total counts a request's prompt once a group has prefilled it (first token);
 // a failover's second prefill (prompt + resumed tokens) goes to dsv4_coordinator_failover_prompt_tokens_total,
 // so the coordinator's two counters add up to what the worker groups count. Rejected requests count nothing.

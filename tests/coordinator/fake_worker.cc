@@ -64,6 +64,10 @@ class FakeWorker::Service final : public dsv4::v1::Worker::Service {
     absl::MutexLock lock(&w_->mu_);
     *resp = w_->extra_load_;
     resp->set_running(resp->running() + w_->active_.load());
+    // A real engine's heartbeat: with streams frozen and requests open, no step has finished since the freeze.
+    if (w_->streams_frozen_.load() && w_->active_.load() > 0) {
+      resp->set_seconds_since_progress(absl::ToDoubleSeconds(absl::Now() - w_->frozen_at_));
+    }
     if (resp->max_batch() == 0) resp->set_max_batch(32);
     return grpc::Status::OK;
   }
@@ -157,6 +161,10 @@ void FakeWorker::SetLoad(const dsv4::v1::GetLoadResponse& extra) {
 }
 
 void FakeWorker::Freeze(bool streams_only) {
+  {
+    absl::MutexLock lock(&mu_);
+    frozen_at_ = absl::Now();
+  }
   streams_frozen_ = true;
   load_frozen_ = !streams_only;
 }

@@ -5,7 +5,7 @@
 // can die mid-stream the way a killed process does (its server shuts down, cutting every stream), and can
 // freeze the way a SIGSTOPped process does (streams and GetLoad stall until Thaw; a cancel that arrived while
 // frozen is seen on thaw, like a resumed process reading the RST_STREAM) or only its streams (an engine hung
-// behind RPC threads that still answer GetLoad).
+// behind RPC threads that still answer GetLoad, whose heartbeat - seconds_since_progress - then grows).
 //
 // Threads: the synchronous gRPC server runs each stream on its own thread (fine for a test double);
 // counters are atomics or mutex-guarded; Kill() may be called from any thread except a handler.
@@ -75,6 +75,7 @@ class FakeWorker {
   std::atomic<bool> streams_frozen_{false}, load_frozen_{false};
   mutable absl::Mutex mu_;
   dsv4::v1::GetLoadResponse extra_load_ ABSL_GUARDED_BY(mu_);
+  absl::Time frozen_at_ ABSL_GUARDED_BY(mu_);  // GetLoad's seconds_since_progress counts from here
   std::vector<dsv4::v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::thread killer_;  // Kill() from inside a handler runs here
 };

@@ -2,6 +2,7 @@
 // preempts and recomputes without losing a request, cancel and finish return every page, engine limits.
 #include "worker/engine.h"
 
+#include <algorithm>
 #include <memory>
 #include <random>
 #include <vector>
@@ -154,6 +155,7 @@ TEST(Engine, SamplingInsideTheStepMatchesReference) {
   // right generation index, and padding rows for chunks that do not sample yet.
   Harness h(256, {.max_batch = 16, .max_waiting = 64, .prefill_chunk = 32, .max_context = 256}, nullptr,
             FakeModelSpec{.sample_in_step = true});
+  h.fake->step_delay_us = 2000;  // all 12 queued before the first finish (see BurstBeyondPages...)
   std::mt19937 rng(std::random_device{}());
   std::vector<dsv4::v1::GenerateRequest> reqs;
   for (int i = 0; i < 12; ++i) {
@@ -166,6 +168,7 @@ TEST(Engine, SamplingInsideTheStepMatchesReference) {
 TEST(Engine, SamplingInsideTheStepThroughPreemption) {
   Harness h(10, {.max_batch = 8, .max_waiting = 64, .prefill_chunk = 16, .max_context = 64}, nullptr,
             FakeModelSpec{.sample_in_step = true});
+  h.fake->step_delay_us = 2000;  // all 12 queued before the first finish (see BurstBeyondPages...)
   std::mt19937 rng(std::random_device{}());
   std::vector<dsv4::v1::GenerateRequest> reqs;
   for (int i = 0; i < 12; ++i) reqs.push_back(MakeRequest(RandomPrompt(rng, 10 + 2 * i), 30, i % 3 ? 0 : 0.9f, rng()));
@@ -186,6 +189,9 @@ TEST(Engine, SeededSamplingRepeats) {
 TEST(Engine, BurstBeyondPagesPreemptsAndCompletesAll) {
   // 10 window pages = 5 requests' windows; compressed pages run short as contexts grow.
   Harness h(10, {.max_batch = 8, .max_waiting = 64, .prefill_chunk = 16, .max_context = 64});
+  // Slow steps so all 12 are queued before the first ones finish: with an instant fake the engine could drain
+  // them one by one as they arrive and never feel the pressure (seen once under a loaded ctest -j2).
+  h.fake->step_delay_us = 2000;
   std::mt19937 rng(std::random_device{}());
   std::vector<dsv4::v1::GenerateRequest> reqs;
   for (int i = 0; i < 12; ++i) reqs.push_back(MakeRequest(RandomPrompt(rng, 10 + 2 * i), 30, i % 3 ? 0 : 0.9f, rng()));
@@ -237,6 +243,7 @@ TEST(Engine, PromptTokensCountWhatThisWorkerPrefilled) {
   EXPECT_EQ(CounterValue(registry, "dsv4_prompt_tokens_total"), 17);
   EXPECT_EQ(CounterValue(registry, "dsv4_generation_tokens_total"), 11);
 
+  h.fake->step_delay_us = 2000;  // all 12 queued before the first finish (see BurstBeyondPages...)
   std::vector<dsv4::v1::GenerateRequest> burst;
   int burst_prompt = 0;
   for (int i = 0; i < 12; ++i) {
@@ -339,6 +346,29 @@ TEST(Engine, DrainFinishesInFlightAndRefusesNew) {
   EXPECT_EQ(aborted, 0);
   EXPECT_EQ(sink->Wait().finish_reason(), dsv4::v1::FINISH_REASON_LENGTH);
   EXPECT_TRUE(h.engine->GetLoad().draining());
+}
+
+// GetLoad's heartbeat: 0 while idle (an idle spell is not a stall, not even the instant work arrives), the time
+// inside the current step while one runs, back to 0 when the work is done.
+TEST(Engine, HeartbeatCountsTimeInsideAStepOnly) {
+  Harness h(64);
+  absl::SleepFor(absl::Milliseconds(300));  // idle
+  EXPECT_EQ(h.engine->GetLoad().seconds_since_progress(), 0);
+  h.fake->step_delay_us = 400'000;
+  auto sink = std::make_shared<CollectingSink>();
+  ASSERT_TRUE(h.engine->Submit(MakeRequest({5, 6, 7}, 3), sink).ok());
+  EXPECT_LT(h.engine->GetLoad().seconds_since_progress(), 0.2) << "the idle spell before the work counted";
+  double longest = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (sink->messages() == 0 || h.engine->GetLoad().running() > 0) {
+    longest = std::max(longest, h.engine->GetLoad().seconds_since_progress());
+    ASSERT_LT(absl::Now(), end) << "request did not finish";
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  sink->Wait();
+  EXPECT_GE(longest, 0.3) << "a 0.4 s step shows as time without progress";
+  EXPECT_LT(longest, 0.75) << "each finished step resets the heartbeat";
+  EXPECT_EQ(h.engine->GetLoad().seconds_since_progress(), 0);
 }
 
 TEST(Engine, DrainTimeoutAbortsTheRest) {
