@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "absl/strings/cord.h"
@@ -34,6 +35,8 @@ struct GroupPool::Group {
   int64_t inflight = 0;
   int64_t routed_since_poll = 0;  // requests
   int64_t routed_since_poll_tokens = 0;
+
+  bool polling = false;   // a poll of this group is in flight
 
   bool ready() const { return answered && !stalled && !load.draining() && model.has_value(); }
 };
@@ -122,6 +125,10 @@ GroupPool::~GroupPool() {
     stop_ = true;
   }
   if (watcher_.joinable()) watcher_.join();
+  // Polls still in flight call back into this pool: wait for them (each ends by the health deadline).
+  absl::MutexLock lock(&mu_);
+  auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return polls_in_flight_ == 0; };
+  mu_.Await(absl::Condition(&all_done));
 }
 
 absl::Status GroupPool::Start() {
@@ -131,7 +138,7 @@ absl::Status GroupPool::Start() {
     if (absl::Status s = SplitHostPort(t, &host, &port); !s.ok()) return s;
   }
   if (options_.targets.empty()) return absl::InvalidArgumentError("no worker targets");
-  PollOnce();
+  PollOnce(/*wait=*/true);
   watcher_ = std::thread([this] { WatchLoop(); });
   return absl::OkStatus();
 }
@@ -166,86 +173,99 @@ void GroupPool::WatchLoop() {
       auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_; };
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping), options_.poll_interval)) return;
     }
-    PollOnce();
+    PollOnce(/*wait=*/false);
   }
 }
 
-// One poll's answers from one group; lives on the watcher thread's stack while the RPCs run.
+// One poll of one group: its RPCs' answers. Owned by the RPCs' callbacks (the last one applies it), so each group's
+// poll ends on its own: a group that hangs until the health deadline does not hold up the others' polls.
 struct GroupPool::Poll {
-  Group* group = nullptr;
+  std::shared_ptr<Group> group;
+  absl::Time started;
   grpc::ClientContext load_ctx, info_ctx;
+  dsv4::v1::GetLoadRequest load_req;
+  dsv4::v1::GetModelInfoRequest info_req;
   dsv4::v1::GetLoadResponse load;
   dsv4::v1::GetModelInfoResponse info;
   grpc::Status load_status, info_status;
   bool want_info = false;
+  std::atomic<int> pending{0};
 };
 
-void GroupPool::PollOnce() {
+void GroupPool::PollOnce(bool wait) {
   const std::vector<std::string> addresses = ResolveTargets();
-  std::vector<Poll> polls;
-  int calls = 0;
+  std::vector<std::shared_ptr<Poll>> polls;
   {
     absl::MutexLock lock(&mu_);
-    // Groups that vanished from DNS are dropped; in-flight streams keep their own stub reference.
-    std::erase_if(groups_, [&](const std::unique_ptr<Group>& g) {
+    // Groups that vanished from DNS are dropped; in-flight streams keep their own stub reference, an in-flight
+    // poll its own reference to the group.
+    std::erase_if(groups_, [&](const std::shared_ptr<Group>& g) {
       return !std::binary_search(addresses.begin(), addresses.end(), g->address);
     });
     for (const std::string& a : addresses) {
       auto it = std::find_if(groups_.begin(), groups_.end(), [&](const auto& g) { return g->address == a; });
       if (it != groups_.end()) continue;
-      auto g = std::make_unique<Group>();
+      auto g = std::make_shared<Group>();
       g->address = a;
       g->stub = MakeStub(a, options_.security, host_of_[a]);
       DSV4_LOG_INFO("coordinator: watching worker group {}", a);
       groups_.push_back(std::move(g));
     }
-    polls = std::vector<Poll>(groups_.size());  // Poll holds ClientContexts: sized once, never moved after
-    for (size_t i = 0; i < groups_.size(); ++i) {
-      polls[i].group = groups_[i].get();  // only this thread removes groups, so the pointer stays valid
-      polls[i].want_info = !groups_[i]->model.has_value();
-      calls += polls[i].want_info ? 2 : 1;
+    for (const auto& g : groups_) {
+      if (g->polling) continue;  // its last poll is still waiting for an answer (at most the health deadline)
+      g->polling = true;
+      auto p = std::make_shared<Poll>();
+      p->group = g;
+      p->want_info = !g->model.has_value();
+      polls.push_back(std::move(p));
     }
+    polls_in_flight_ += static_cast<int>(polls.size());
   }
   const absl::Time started = absl::Now();
-  absl::BlockingCounter done(calls);
   const auto deadline = absl::ToChronoTime(started + options_.rpc_timeout);
-  dsv4::v1::GetLoadRequest load_req;
-  dsv4::v1::GetModelInfoRequest info_req;
-  for (Poll& p : polls) {
-    p.load_ctx.set_deadline(deadline);
-    p.group->stub->async()->GetLoad(&p.load_ctx, &load_req, &p.load, [&p, &done](grpc::Status s) {
-      p.load_status = std::move(s);
-      done.DecrementCount();
+  for (const std::shared_ptr<Poll>& p : polls) {
+    p->started = started;
+    p->pending = p->want_info ? 2 : 1;
+    // Each callback holds the poll; the last one to finish applies it.
+    p->load_ctx.set_deadline(deadline);
+    p->group->stub->async()->GetLoad(&p->load_ctx, &p->load_req, &p->load, [this, p](grpc::Status s) {
+      p->load_status = std::move(s);
+      if (--p->pending == 0) FinishPoll(*p);
     });
-    if (!p.want_info) continue;
-    p.info_ctx.set_deadline(deadline);
-    p.group->stub->async()->GetModelInfo(&p.info_ctx, &info_req, &p.info, [&p, &done](grpc::Status s) {
-      p.info_status = std::move(s);
-      done.DecrementCount();
+    if (!p->want_info) continue;
+    p->info_ctx.set_deadline(deadline);
+    p->group->stub->async()->GetModelInfo(&p->info_ctx, &p->info_req, &p->info, [this, p](grpc::Status s) {
+      p->info_status = std::move(s);
+      if (--p->pending == 0) FinishPoll(*p);
     });
   }
-  done.Wait();
-  std::vector<std::pair<std::string, std::string>> unanswered;
+  polls.clear();  // the callbacks own them now
+  if (wait) {
+    absl::MutexLock lock(&mu_);
+    auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return polls_in_flight_ == 0; };
+    mu_.Await(absl::Condition(&all_done));
+  }
+}
+
+// On a gRPC callback thread, once both of a poll's RPCs have ended.
+void GroupPool::FinishPoll(const Poll& p) {
+  std::optional<std::string> why_failed;
   {
     absl::MutexLock lock(&mu_);
-    for (const Poll& p : polls) {
-      ApplyPollLocked(p, started);
-      if (p.group->stalled) {
-        unanswered.emplace_back(p.group->address, p.group->why);
-        continue;
-      }
-      if (p.load_status.ok()) continue;
-      unanswered.emplace_back(
-          p.group->address,
-          p.load_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-              ? absl::StrCat("no GetLoad answer within the health deadline (",
-                             absl::ToInt64Milliseconds(options_.rpc_timeout), " ms)")
-              : absl::StrCat("GetLoad failed: ", p.load_status.error_message()));
+    ApplyPollLocked(p, p.started);
+    p.group->polling = false;
+    if (p.group->stalled) {
+      why_failed = p.group->why;
+    } else if (!p.load_status.ok()) {
+      why_failed = p.load_status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                       ? absl::StrCat("no GetLoad answer within the health deadline (",
+                                      absl::ToInt64Milliseconds(options_.rpc_timeout), " ms)")
+                       : absl::StrCat("GetLoad failed: ", p.load_status.error_message());
     }
   }
-  if (options_.on_unanswered) {
-    for (const auto& [address, why] : unanswered) options_.on_unanswered(address, why);
-  }
+  if (why_failed && options_.on_unanswered) options_.on_unanswered(p.group->address, *why_failed);
+  absl::MutexLock lock(&mu_);
+  --polls_in_flight_;  // last: the pool (and what on_unanswered reaches) outlives every callback
 }
 
 void GroupPool::ApplyPollLocked(const Poll& p, absl::Time started) {

@@ -83,7 +83,8 @@ class GroupPool {
   GroupPool(const GroupPool&) = delete;
   GroupPool& operator=(const GroupPool&) = delete;
 
-  // Resolves and polls once (blocking up to rpc_timeout), then starts the watcher thread. Never fails for
+  // Resolves and polls once (blocking up to rpc_timeout), then starts the watcher thread, which starts a poll of
+  // each group every poll_interval unless that group's last poll is still in flight. Never fails for
   // unreachable groups (they become ready when they answer); fails only for a malformed target.
   absl::Status Start();
 
@@ -110,7 +111,9 @@ class GroupPool {
   struct Group;
   struct Poll;
   void WatchLoop();
-  void PollOnce();
+  // Starts a poll of every group without one in flight; `wait`: returns once they all ended (start-up).
+  void PollOnce(bool wait);
+  void FinishPoll(const Poll& poll);
   void ApplyPollLocked(const Poll& poll, absl::Time started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> ResolveTargets();
   double Score(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -118,7 +121,8 @@ class GroupPool {
 
   const GroupPoolOptions options_;
   mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  int polls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::string> host_of_ ABSL_GUARDED_BY(mu_);  // resolved address -> target host
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -504,6 +504,32 @@ TEST_F(CoordinatorTest, FrozenStreamFailsOverAtTheInactivityDeadline) {
   EXPECT_EQ(workers_[0]->completed(), 0);
 }
 
+// Each group's poll ends on its own: while one group leaves its GetLoad unanswered up to a long health deadline,
+// the other's load is still refreshed every poll interval (routing never works from loads a deadline old).
+TEST_F(CoordinatorTest, AHungGroupDoesNotSlowTheOthersPolls) {
+  StartWorkers({{}, {}});
+  options_.poll_timeout = absl::Seconds(3);
+  StartCoordinator();
+  workers_[0]->Freeze();  // streams and GetLoad hang
+  absl::SleepFor(absl::Milliseconds(100));  // a poll of group 0 is now in flight for up to 3 s
+  for (int round = 1; round <= 3; ++round) {
+    dsv4::v1::GetLoadResponse load;
+    load.set_waiting_tokens(1000 * round);
+    workers_[1]->SetLoad(load);
+    const absl::Time set_at = absl::Now();
+    int64_t seen = -1;
+    while (absl::Now() - set_at < absl::Seconds(2)) {
+      const auto groups = server_->pool().Snapshot();
+      if (Group(groups, 1) != nullptr && (seen = Group(groups, 1)->load.waiting_tokens()) == 1000 * round) break;
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    EXPECT_EQ(seen, 1000 * round);
+    EXPECT_LT(absl::Now() - set_at, absl::Milliseconds(500))
+        << "group 1's new load took " << absl::FormatDuration(absl::Now() - set_at) << " to arrive";
+  }
+  workers_[0]->Thaw();
+}
+
 // An engine that hangs before a stream's first token, behind RPC threads that still answer GetLoad: the
 // inactivity deadline never starts (no first message), but the group's heartbeat shows no progress, so at the
 // engine stall deadline the group is not ready and the request moves to the other group; it rejoins on thaw.
