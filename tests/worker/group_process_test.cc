@@ -53,10 +53,8 @@ class GroupProcessTest : public ::testing::Test {
 #endif
     dir_ = new std::string(::testing::TempDir() + "/group_" + std::to_string(getpid()));
     std::filesystem::create_directories(*dir_);
-    auto made = RunAndCapture({BinaryPath("tools/make_checkpoint/dsv4-make-checkpoint"), "--config",
-                               SourcePath("configs/tiny.json"), "--seed", "1", "--out", *dir_ + "/tiny"},
-                              120);
-    ASSERT_TRUE(made.ok()) << made.status();
+    const absl::Status made = MakeTinyCheckpoint(*dir_ + "/tiny", 1);
+    ASSERT_TRUE(made.ok()) << made;
   }
   static void TearDownTestSuite() {
     if (dir_ != nullptr && ::testing::UnitTest::GetInstance()->failed_test_count() == 0) {

@@ -33,10 +33,8 @@ class WorkerHostileTest : public ::testing::Test {
     ASSERT_NE(mkdtemp(templ.data()), nullptr);
     dir_ = templ;
     checkpoint_ = dir_ + "/tiny";
-    auto made = RunAndCapture({BinaryPath("tools/make_checkpoint/dsv4-make-checkpoint"), "--config",
-                               SourcePath("configs/tiny.json"), "--seed", "1", "--out", checkpoint_},
-                              120);
-    ASSERT_TRUE(made.ok()) << made.status();
+    const absl::Status made = MakeTinyCheckpoint(checkpoint_, 1);
+    ASSERT_TRUE(made.ok()) << made;
   }
   void TearDown() override {
     if (!HasFailure()) std::filesystem::remove_all(dir_);

@@ -37,10 +37,8 @@ class WorkerProcessTest : public ::testing::Test {
     dir_ = new std::string(::testing::TempDir() + "/worker_it_" + std::to_string(getpid()));
     std::filesystem::create_directories(*dir_);
     checkpoint_ = new std::string(*dir_ + "/tiny");
-    auto made = RunAndCapture({BinaryPath("tools/make_checkpoint/dsv4-make-checkpoint"), "--config",
-                               SourcePath("configs/tiny.json"), "--seed", "1", "--out", *checkpoint_},
-                              120);
-    ASSERT_TRUE(made.ok()) << made.status();
+    const absl::Status made = MakeTinyCheckpoint(*checkpoint_, 1);
+    ASSERT_TRUE(made.ok()) << made;
     std::string address;
     auto worker = StartWorker(*dir_, {"--checkpoint=" + *checkpoint_, "--listen=127.0.0.1:0", "--max-batch=32",
                                       "--max-context=4096", "--prefill-chunk=256", "--threads=2"},

@@ -210,6 +210,13 @@ int HealthStatus(const std::string& address) {
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
 }
 
+absl::Status MakeTinyCheckpoint(const std::string& out, int seed) {
+  return RunAndCapture({BinaryPath("tools/make_checkpoint/dsv4-make-checkpoint"), "--config",
+                        SourcePath("configs/tiny.json"), "--seed", std::to_string(seed), "--out", out},
+                       120)
+      .status();
+}
+
 namespace {
 // True when a loopback TCP socket can bind `port` (0: any; *bound gets the port taken).
 bool BindsLoopback(int port, int* bound) {

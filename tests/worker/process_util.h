@@ -40,6 +40,9 @@ int HealthStatus(const std::string& address);
 // must be given their address before they start (a TP leader's followers dial it before its ready file exists).
 int FreePort();
 
+// Writes the tiny checkpoint (configs/tiny.json, seed `seed`) to `out` with dsv4-make-checkpoint.
+absl::Status MakeTinyCheckpoint(const std::string& out, int seed);
+
 // Runs argv to completion and returns its stdout (stderr goes to the test log). Errors on non-zero exit.
 absl::StatusOr<std::string> RunAndCapture(const std::vector<std::string>& argv, double timeout_s);
 

@@ -45,11 +45,8 @@ class TpWorkerTest : public ::testing::Test {
     dir_ = new std::string(::testing::TempDir() + "/tp_worker_" + std::to_string(getpid()));
     std::filesystem::create_directories(*dir_);
     for (int seed : {1, 2}) {
-      auto made = RunAndCapture({BinaryPath("tools/make_checkpoint/dsv4-make-checkpoint"), "--config",
-                                 SourcePath("configs/tiny.json"), "--seed", std::to_string(seed), "--out",
-                                 Checkpoint(seed)},
-                                120);
-      ASSERT_TRUE(made.ok()) << made.status();
+      const absl::Status made = MakeTinyCheckpoint(Checkpoint(seed), seed);
+      ASSERT_TRUE(made.ok()) << made;
     }
   }
   static void TearDownTestSuite() {
