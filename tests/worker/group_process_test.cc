@@ -21,6 +21,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/worker/process_util.h"
+#include "tests/worker/tiny_checkpoint_suite.h"
 
 namespace dsv4::worker::testing {
 namespace {
@@ -45,33 +46,12 @@ bool GoneWithin(pid_t pid, absl::Duration d) {
   return true;
 }
 
-class GroupProcessTest : public ::testing::Test {
+class GroupProcessTest : public TinyCheckpointSuite {
  protected:
-  static void SetUpTestSuite() {
-#if !defined(DSV4_WORKER_HAVE_MODEL)
-    return;
-#endif
-    dir_ = new std::string(::testing::TempDir() + "/group_" + std::to_string(getpid()));
-    std::filesystem::create_directories(*dir_);
-    const absl::Status made = MakeTinyCheckpoint(*dir_ + "/tiny", 1);
-    ASSERT_TRUE(made.ok()) << made;
-  }
-  static void TearDownTestSuite() {
-    if (dir_ != nullptr && ::testing::UnitTest::GetInstance()->failed_test_count() == 0) {
-      std::filesystem::remove_all(*dir_);
-    }
-    delete dir_;
-    dir_ = nullptr;
-  }
-  void SetUp() override {
-#if !defined(DSV4_WORKER_HAVE_MODEL)
-    GTEST_SKIP() << "dsv4_model is not part of this build: no dsv4-worker to test";
-#endif
-    ASSERT_NE(dir_, nullptr);
-  }
+  static void SetUpTestSuite() { MakeCheckpoints("group", {1}); }
 
   static std::vector<std::string> WorkerFlags() {
-    return {"--checkpoint=" + *dir_ + "/tiny", "--max-batch=4", "--max-context=1024", "--kv-pages=64",
+    return {"--checkpoint=" + Checkpoint(1), "--max-batch=4", "--max-context=1024", "--kv-pages=64",
             "--prefill-chunk=128", "--threads=1", "--comm-timeout=3", "--drain-timeout=5"};
   }
 
@@ -131,10 +111,7 @@ class GroupProcessTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  static std::string* dir_;
 };
-
-std::string* GroupProcessTest::dir_ = nullptr;
 
 TEST_F(GroupProcessTest, ServesWorldOneTokensAndStopsTogetherOnSigterm) {
   std::vector<int32_t> reference;

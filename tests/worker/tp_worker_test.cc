@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/worker/process_util.h"
+#include "tests/worker/tiny_checkpoint_suite.h"
 #include "tools/generate/npy.h"
 
 namespace dsv4::worker::testing {
@@ -36,35 +37,10 @@ struct Group {
   std::unique_ptr<dsv4::v1::Worker::Stub> stub;
 };
 
-class TpWorkerTest : public ::testing::Test {
+class TpWorkerTest : public TinyCheckpointSuite {
  protected:
-  static void SetUpTestSuite() {
-#if !defined(DSV4_WORKER_HAVE_MODEL)
-    return;
-#endif
-    dir_ = new std::string(::testing::TempDir() + "/tp_worker_" + std::to_string(getpid()));
-    std::filesystem::create_directories(*dir_);
-    for (int seed : {1, 2}) {
-      const absl::Status made = MakeTinyCheckpoint(Checkpoint(seed), seed);
-      ASSERT_TRUE(made.ok()) << made;
-    }
-  }
-  static void TearDownTestSuite() {
-    // Kept when something failed: the ranks' logs are there.
-    if (dir_ != nullptr && ::testing::UnitTest::GetInstance()->failed_test_count() == 0) {
-      std::filesystem::remove_all(*dir_);
-    }
-    delete dir_;
-    dir_ = nullptr;
-  }
-  void SetUp() override {
-#if !defined(DSV4_WORKER_HAVE_MODEL)
-    GTEST_SKIP() << "dsv4_model is not part of this build: no dsv4-worker to test";
-#endif
-    ASSERT_NE(dir_, nullptr);
-  }
+  static void SetUpTestSuite() { MakeCheckpoints("tp_worker", {1, 2}); }
 
-  static std::string Checkpoint(int seed) { return absl::StrCat(*dir_, "/tiny", seed); }
 
   static std::vector<std::string> Flags(int seed, int world, int rank) {
     return {"--checkpoint=" + Checkpoint(seed), "--max-batch=4", "--max-context=1024", "--kv-pages=64",
@@ -127,10 +103,7 @@ class TpWorkerTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  static std::string* dir_;
 };
-
-std::string* TpWorkerTest::dir_ = nullptr;
 
 TEST_F(TpWorkerTest, World2And4StreamWorld1GreedyTokens) {
   const std::vector<int32_t> prompt = GoldenPrompt();
