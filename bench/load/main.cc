@@ -1,5 +1,5 @@
 // dsv4-load-bench: how fast the weights of a checkpoint reach the backend (CMakeLists.txt says what it prints).
-//   dsv4-load-bench --checkpoint DIR [--backend cuda] [--modes streamed,mapped] [--cold] [--repeat 2]
+//   dsv4-load-bench --checkpoint DIR [--backend cuda] [--modes streamed,mapped,auto] [--cold] [--repeat 2]
 // --cold evicts the checkpoint's files from the page cache before every load (posix_fadvise DONTNEED after
 // sync; run as root with `echo 3 > /proc/sys/vm/drop_caches` for the same) and prints how much stayed resident.
 #include <fcntl.h>
@@ -28,7 +28,7 @@
 ABSL_FLAG(std::string, checkpoint, "", "checkpoint folder");
 ABSL_FLAG(std::string, backend, "cuda", "cpu | cuda");
 ABSL_FLAG(int, device, 0, "CUDA device");
-ABSL_FLAG(std::string, modes, "streamed,mapped", "load modes to time, in order: streamed, mapped");
+ABSL_FLAG(std::string, modes, "streamed,mapped", "load modes to time, in order: streamed, mapped, auto");
 ABSL_FLAG(bool, cold, false, "evict the checkpoint's pages before each load");
 ABSL_FLAG(int, repeat, 1, "loads per mode");
 ABSL_FLAG(int, threads, 4, "reader threads (streamed)");
@@ -120,13 +120,7 @@ absl::Status Run() {
   for (const absl::string_view m : absl::StrSplit(absl::GetFlag(FLAGS_modes), ',', absl::SkipEmpty())) {
     const std::string mode(m);
     model::WeightLoadOptions o{.reader_threads = absl::GetFlag(FLAGS_threads)};
-    if (mode == "streamed") {
-      o.mode = model::WeightLoadOptions::Mode::kStreamed;
-    } else if (mode == "mapped") {
-      o.mode = model::WeightLoadOptions::Mode::kMapped;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("--modes: unknown mode ", mode));
-    }
+    DSV4_ASSIGN_OR_RETURN(o.mode, model::ParseWeightLoadMode(mode));
     for (int r = 0; r < absl::GetFlag(FLAGS_repeat); ++r) {
       if (absl::GetFlag(FLAGS_cold)) Evict(files);
       const double resident = Resident(files);
