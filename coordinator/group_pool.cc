@@ -39,6 +39,10 @@ struct GroupPool::Group {
   bool polling = false;   // a poll of this group is in flight
 
   bool ready() const { return answered && !stalled && !load.draining() && model.has_value(); }
+  const std::string& checkpoint() const {
+    static const std::string kUnknown;
+    return model.has_value() ? model->checkpoint_fingerprint() : kUnknown;
+  }
 };
 
 namespace {
@@ -316,14 +320,20 @@ bool GroupPool::Saturated(const Group& g) const {
   return est_waiting >= g.load.max_waiting();
 }
 
-absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude) {
+absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude,
+                                            const std::string& checkpoint) {
   absl::MutexLock lock(&mu_);
-  // ready: every ready group, those this request already tried included (a group that refused it with a full
-  // queue stays ready), so the messages below count what an operator sees; open: where it may go now.
+  // ready: every ready group (of the checkpoint asked for), those this request already tried included (a group
+  // that refused it with a full queue stays ready), so the messages below count what an operator sees; open:
+  // where it may go now.
   std::vector<Group*> ready, open;
-  int tried = 0;
+  int tried = 0, other_checkpoint = 0;
   for (auto& g : groups_) {
     if (!g->ready()) continue;
+    if (!checkpoint.empty() && g->checkpoint() != checkpoint) {
+      ++other_checkpoint;
+      continue;
+    }
     ready.push_back(g.get());
     if (exclude.contains(g->address)) {
       ++tried;
@@ -332,8 +342,12 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
     }
   }
   if (ready.empty()) {
-    return absl::UnavailableError(absl::StrCat("no worker group is ready (", groups_.size(), " known, ",
-                                               exclude.size(), " already failed for this request)"));
+    return absl::UnavailableError(absl::StrCat(
+        "no worker group is ready (", groups_.size(), " known, ", exclude.size(), " already failed for this request",
+        other_checkpoint > 0 ? absl::StrCat(", ", other_checkpoint, " ready but serving another checkpoint than ",
+                                            checkpoint, ", which began this stream")
+                             : "",
+        ")"));
   }
   if (open.empty()) {
     double step = 0;
@@ -357,7 +371,8 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
   chosen->inflight += 1;
   chosen->routed_since_poll += 1;
   chosen->routed_since_poll_tokens += tokens;
-  return GroupHandle{.address = chosen->address, .stub = chosen->stub, .tokens = tokens};
+  return GroupHandle{.address = chosen->address, .stub = chosen->stub, .tokens = tokens,
+                     .checkpoint = chosen->checkpoint()};
 }
 
 void GroupPool::Release(const GroupHandle& group) {
@@ -396,8 +411,27 @@ std::optional<dsv4::v1::GetModelInfoResponse> GroupPool::ModelInfo() const {
   if (out.has_value()) {
     out->set_ready_groups(ready);
     out->set_total_groups(static_cast<int>(groups_.size()));
+    // The checkpoint most ready groups serve (ties: the smallest fingerprint, so the answer is stable).
+    absl::flat_hash_map<std::string, int> count;
+    for (const auto& g : groups_) {
+      if (g->ready()) ++count[g->checkpoint()];
+    }
+    std::pair<int, std::string> best{0, ""};
+    for (const auto& [fingerprint, n] : count) {
+      if (n > best.first || (n == best.first && fingerprint < best.second)) best = {n, fingerprint};
+    }
+    if (best.first > 0) out->set_checkpoint_fingerprint(best.second);
   }
   return out;
+}
+
+int GroupPool::ReadyCheckpoints() const {
+  absl::MutexLock lock(&mu_);
+  absl::flat_hash_set<std::string> seen;
+  for (const auto& g : groups_) {
+    if (g->ready()) seen.insert(g->checkpoint());
+  }
+  return static_cast<int>(seen.size());
 }
 
 std::vector<GroupStatus> GroupPool::Snapshot() const {

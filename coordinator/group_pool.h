@@ -64,6 +64,7 @@ struct GroupHandle {
   std::string address;  // "ip:port" of the leader; the group's identity
   std::shared_ptr<dsv4::v1::Worker::Stub> stub;
   int64_t tokens = 0;   // tokens accounted to the group by Pick, returned by Release
+  std::string checkpoint;  // the group's checkpoint_fingerprint ("" when it did not say)
 };
 
 // A read-only copy of one group's state, for GetModelInfo, metrics and tests.
@@ -88,10 +89,12 @@ class GroupPool {
   // unreachable groups (they become ready when they answer); fails only for a malformed target.
   absl::Status Start();
 
-  // The group for a request of `tokens` tokens (prompt + max_new_tokens), excluding `exclude` addresses.
-  // UNAVAILABLE when no group is ready; RESOURCE_EXHAUSTED (with the retry hint in the message) when every
-  // ready group is saturated. The caller must Release the handle when its stream ends.
-  absl::StatusOr<GroupHandle> Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude);
+  // The group for a request of `tokens` tokens (prompt + max_new_tokens), excluding `exclude` addresses and,
+  // when `checkpoint` is not empty, groups serving another checkpoint (a failover resumes a stream only on the
+  // model that began it). UNAVAILABLE when no such group is ready; RESOURCE_EXHAUSTED (with the retry hint in
+  // the message) when every one is saturated. The caller must Release the handle when its stream ends.
+  absl::StatusOr<GroupHandle> Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude,
+                                   const std::string& checkpoint = "");
   void Release(const GroupHandle& group);
 
   // A stream to the group failed the way a dead or unreachable process does: stop routing to it until a
@@ -99,8 +102,11 @@ class GroupPool {
   void MarkDown(const std::string& address, const std::string& why);
 
   // The model served by the ready groups (ready_groups/total_groups filled in); nullopt before any group
-  // has answered GetModelInfo. When groups disagree, vocab_size and max_context are the minimum.
+  // has answered GetModelInfo. When groups disagree, vocab_size and max_context are the minimum and the
+  // checkpoint_fingerprint is the one most ready groups serve.
   std::optional<dsv4::v1::GetModelInfoResponse> ModelInfo() const;
+  // Distinct checkpoints among the ready groups (1 normally; more during a rolling upgrade or by mistake).
+  int ReadyCheckpoints() const;
   std::vector<GroupStatus> Snapshot() const;
   int ReadyCount() const;
 

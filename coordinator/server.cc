@@ -127,6 +127,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(cons
                             .Help("Worker groups the coordinator currently routes to")
                             .Register(registry)
                             .Add(l);
+    s->ready_checkpoints_ = &prometheus::BuildGauge()
+                                 .Name("dsv4_coordinator_ready_checkpoints")
+                                 .Help("Distinct checkpoints among the ready worker groups (1 normally; more during "
+                                       "a rolling upgrade, and failovers then stay on the checkpoint that began a "
+                                       "stream)")
+                                 .Register(registry)
+                                 .Add(l);
     s->unauthenticated_ = &prometheus::BuildCounter()
                                .Name("dsv4_coordinator_unauthenticated_total")
                                .Help("API calls refused for a missing or invalid bearer token")
@@ -224,6 +231,14 @@ void CoordinatorServer::UpdateGauges() {
   metrics_->SetWaiting(static_cast<int>(waiting));
   metrics_->SetKvUsage(kv);
   ready_groups_->Set(ready);
+  const int checkpoints = pool_->ReadyCheckpoints();
+  ready_checkpoints_->Set(checkpoints);
+  if (checkpoints > 1 && checkpoints != last_ready_checkpoints_) {
+    DSV4_LOG_WARN("coordinator: the ready worker groups serve {} different checkpoints (see GetModelInfo's "
+                  "checkpoint_fingerprint per group); failovers stay on the checkpoint that began each stream",
+                  checkpoints);
+  }
+  last_ready_checkpoints_ = checkpoints;
 }
 
 int CoordinatorServer::Drain(absl::Duration timeout) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "comm/rendezvous.h"
 #include "common/status_macros.h"
 #include "kernels/backend_factory.h"
 #include "kernels/device_control.h"
@@ -56,6 +57,7 @@ class Dsv4Executor final : public ModelExecutor {
     for (int64_t id : c.eos_token_ids) info_.eos_token_ids.push_back(static_cast<int32_t>(id));
     info_.bos_token_id = static_cast<int>(c.bos_token_id);
     info_.num_layers = static_cast<int>(c.num_hidden_layers);
+    DSV4_ASSIGN_OR_RETURN(info_.checkpoint_fingerprint, comm::CheckpointFingerprint(o.checkpoint));
     return absl::OkStatus();
   }
 

@@ -60,6 +60,7 @@ struct ModelInfo {
   std::vector<int32_t> eos_token_ids;  // any of them ends a request unless ignore_eos
   int bos_token_id = -1;
   int num_layers = 0;
+  std::string checkpoint_fingerprint;  // comm::CheckpointFingerprint of the loaded folder ("" when not known)
 };
 
 class ModelExecutor {

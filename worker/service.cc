@@ -268,6 +268,7 @@ grpc::ServerUnaryReactor* WorkerService::GetModelInfo(grpc::CallbackServerContex
   response->set_bos_token_id(info.bos_token_id);
   response->set_num_layers(info.num_layers);
   response->set_weight_format(info.weight_format);
+  response->set_checkpoint_fingerprint(info.checkpoint_fingerprint);
   call->Reply(grpc::Status::OK);
   return call;
 }

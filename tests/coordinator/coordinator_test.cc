@@ -574,6 +574,40 @@ TEST_F(CoordinatorTest, StalledEngineMovesEvenAStreamWaitingForItsFirstToken) {
   EXPECT_EQ(workers_[0]->completed(), 0);
 }
 
+// Groups on two checkpoints (a rolling upgrade): a stream that began on checkpoint A fails over only to a group on
+// A, even when a group on B is emptier; GetModelInfo names the checkpoint most ready groups serve; the ready
+// checkpoints gauge says 2.
+TEST_F(CoordinatorTest, FailoverStaysOnTheCheckpointThatBeganTheStream) {
+  StartWorkers({{.step = absl::Milliseconds(30), .die_after_tokens = 5, .checkpoint = "fnv1a64:aaaa"},
+                {.checkpoint = "fnv1a64:bbbb"},
+                {.checkpoint = "fnv1a64:aaaa"}});
+  workers_[1]->SetDraining(true);  // out of the first pick: the stream begins on group 0 (A), not on an idle B
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[2]->SetLoad(busy);  // the A survivor looks much busier than B
+  options_.metrics_listen = "127.0.0.1:0";
+  StartCoordinator(4, /*expect_ready=*/2);
+  WaitPolls();
+  absl::Duration stall;
+  const StreamResult r = RunWithHook(*stub_, MakeRequest({61, 62, 63}, 12), 1, [&] {
+    workers_[1]->SetDraining(false);  // B becomes ready before group 0 dies
+    ASSERT_TRUE(server_->pool().WaitForReady(3, absl::Seconds(2)));
+  }, &stall);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, FakeGeneration({61, 62, 63}, 12, false, 0, 1000));
+  EXPECT_EQ(workers_[1]->generate_calls(), 0) << "resumed on a group serving another checkpoint";
+  ASSERT_EQ(workers_[2]->requests().size(), 1u);
+  EXPECT_EQ(workers_[2]->requests()[0].resume_generated(), 5);
+  // Group 0 died: one A and one B ready; the tie goes to the smaller fingerprint.
+  auto info = server_->pool().ModelInfo();
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(info->checkpoint_fingerprint(), "fnv1a64:aaaa");
+  absl::SleepFor(absl::Milliseconds(300));  // the stats thread updates the gauges every 200 ms
+  EXPECT_EQ(MetricValue(Scrape(), "dsv4_coordinator_ready_checkpoints{"), 2);
+  // A fresh request (no tokens yet) may start on any checkpoint.
+  EXPECT_TRUE(RunGenerate(*stub_, MakeRequest({7, 8}, 3)).status.ok());
+}
+
 // Issue 16 #5: dsv4_prompt_tokens_total counts a request's prompt once a group has prefilled it (first token);
 // a failover's second prefill (prompt + resumed tokens) goes to dsv4_coordinator_failover_prompt_tokens_total,
 // so the coordinator's two counters add up to what the worker groups count. Rejected requests count nothing.

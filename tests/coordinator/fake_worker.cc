@@ -81,6 +81,7 @@ class FakeWorker::Service final : public dsv4::v1::Worker::Service {
     resp->set_bos_token_id(0);
     resp->set_num_layers(2);
     resp->set_weight_format("fake");
+    resp->set_checkpoint_fingerprint(w_->options_.checkpoint);
     return grpc::Status::OK;
   }
 

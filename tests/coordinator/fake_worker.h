@@ -32,6 +32,7 @@ struct FakeWorkerOptions {
   absl::Duration step = absl::Milliseconds(2);  // time per generated token
   int die_after_tokens = -1;  // > 0: the process "dies" after streaming this many tokens in total
   bool queue_full = false;    // every Generate answers RESOURCE_EXHAUSTED (a full waiting queue)
+  std::string checkpoint = "fnv1a64:fake";  // GetModelInfo's checkpoint_fingerprint
 };
 
 // The fake's token after `sequence` (prompt + generated so far); `seed` is used only when sampled.

@@ -40,7 +40,7 @@ uint64_t Combine(std::span<const uint64_t> compressed, std::span<const uint64_t>
 
 FakeExecutor::FakeExecutor(const FakeModelSpec& spec) : spec_(spec) {
   info_ = {.model_name = "fake", .weight_format = "none", .vocab_size = spec.vocab_size,
-           .eos_token_ids = spec.eos, .bos_token_id = 0, .num_layers = 1};
+           .eos_token_ids = spec.eos, .bos_token_id = 0, .num_layers = 1, .checkpoint_fingerprint = "fake"};
 }
 
 int64_t FakeExecutor::PageBytes(Pool pool, int page_rows) const {

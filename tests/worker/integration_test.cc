@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "comm/rendezvous.h"
 #include "dsv4/v1/worker.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -82,6 +83,11 @@ TEST_F(WorkerProcessTest, ModelInfo) {
   EXPECT_EQ(info.vocab_size(), 4096);
   EXPECT_EQ(info.max_context(), 4096);
   EXPECT_EQ(info.eos_token_id(), 1);
+  // The checkpoint's identity, the same hash a tensor-parallel rendezvous compares.
+  auto fingerprint = comm::CheckpointFingerprint(*checkpoint_);
+  ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
+  EXPECT_EQ(info.checkpoint_fingerprint(), *fingerprint);
+  EXPECT_EQ(info.checkpoint_fingerprint().rfind("fnv1a64:", 0), 0u) << info.checkpoint_fingerprint();
 }
 
 TEST_F(WorkerProcessTest, GreedyEqualsGenerate) {
