@@ -253,6 +253,9 @@ class PrometheusEndToEndTest(unittest.TestCase):
                                                       for s in got))
         got = prom_query(base, 'dsv4_build_info == 1')
         self.assertEqual(sorted(s["metric"]["role"] for s in got), ["coordinator", "worker", "worker"])
+        # Both groups loaded the same checkpoint folder: the coordinator sees one checkpoint among its ready groups.
+        got = prom_query(base, 'dsv4_coordinator_ready_checkpoints')
+        self.assertEqual([float(s["value"][1]) for s in got], [1.0], "one checkpoint among the ready groups")
 
         # Every dashboard query and alert expression evaluates (template variables set to "all").
         d = json.loads(make_dashboard.render())
@@ -261,7 +264,9 @@ class PrometheusEndToEndTest(unittest.TestCase):
                 prom_query(base, t["expr"].replace("$group", ".*").replace("$rank", ".*"))
         with urllib.request.urlopen(f"{base}/api/v1/rules", timeout=10) as r:
             groups = json.load(r)["data"]["groups"]
-        self.assertEqual(sum(len(g["rules"]) for g in groups), 4, "alerts.yml loaded")
+        with open(os.path.join(SRC, "deploy", "prometheus", "alerts.yml")) as f:
+            want = sum(len(g["rules"]) for g in yaml.safe_load(f)["groups"])
+        self.assertEqual(sum(len(g["rules"]) for g in groups), want, "alerts.yml loaded")
         for g in groups:
             for rule in g["rules"]:
                 self.assertNotEqual(rule.get("health"), "err", rule)
