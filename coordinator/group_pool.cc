@@ -201,10 +201,14 @@ void GroupPool::PollOnce(bool wait) {
   std::vector<std::shared_ptr<Poll>> polls;
   {
     absl::MutexLock lock(&mu_);
-    // Groups that vanished from DNS are dropped; in-flight streams keep their own stub reference, an in-flight
-    // poll its own reference to the group.
+    // Groups that vanished from DNS are dropped; in-flight streams keep their own stub reference. One with a poll
+    // in flight waits in retired_ until it ends, so its channel is destroyed here, never on a gRPC callback
+    // thread (where destroying a channel can join that very thread: grpc/grpc#37858).
+    std::erase_if(retired_, [](const std::shared_ptr<Group>& g) { return !g->polling; });
     std::erase_if(groups_, [&](const std::shared_ptr<Group>& g) {
-      return !std::binary_search(addresses.begin(), addresses.end(), g->address);
+      const bool gone = !std::binary_search(addresses.begin(), addresses.end(), g->address);
+      if (gone && g->polling) retired_.push_back(g);
+      return gone;
     });
     for (const std::string& a : addresses) {
       auto it = std::find_if(groups_.begin(), groups_.end(), [&](const auto& g) { return g->address == a; });
@@ -252,12 +256,12 @@ void GroupPool::PollOnce(bool wait) {
 }
 
 // On a gRPC callback thread, once both of a poll's RPCs have ended.
-void GroupPool::FinishPoll(const Poll& p) {
+void GroupPool::FinishPoll(Poll& p) {
   std::optional<std::string> why_failed;
+  const std::string address = p.group->address;
   {
     absl::MutexLock lock(&mu_);
     ApplyPollLocked(p, p.started);
-    p.group->polling = false;
     if (p.group->stalled) {
       why_failed = p.group->why;
     } else if (!p.load_status.ok()) {
@@ -266,8 +270,11 @@ void GroupPool::FinishPoll(const Poll& p) {
                                       absl::ToInt64Milliseconds(options_.rpc_timeout), " ms)")
                        : absl::StrCat("GetLoad failed: ", p.load_status.error_message());
     }
+    // Let go of the group while groups_ or retired_ still holds it: the last reference is never this thread's.
+    p.group->polling = false;
+    p.group.reset();
   }
-  if (why_failed && options_.on_unanswered) options_.on_unanswered(p.group->address, *why_failed);
+  if (why_failed && options_.on_unanswered) options_.on_unanswered(address, *why_failed);
   absl::MutexLock lock(&mu_);
   --polls_in_flight_;  // last: the pool (and what on_unanswered reaches) outlives every callback
 }

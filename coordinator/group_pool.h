@@ -119,7 +119,7 @@ class GroupPool {
   void WatchLoop();
   // Starts a poll of every group without one in flight; `wait`: returns once they all ended (start-up).
   void PollOnce(bool wait);
-  void FinishPoll(const Poll& poll);
+  void FinishPoll(Poll& poll);
   void ApplyPollLocked(const Poll& poll, absl::Time started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> ResolveTargets();
   double Score(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -128,6 +128,7 @@ class GroupPool {
   const GroupPoolOptions options_;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<Group>> retired_ ABSL_GUARDED_BY(mu_);  // gone from DNS, a poll still in flight
   int polls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::string> host_of_ ABSL_GUARDED_BY(mu_);  // resolved address -> target host
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);
