@@ -201,14 +201,18 @@ void GroupPool::PollOnce(bool wait) {
   std::vector<std::shared_ptr<Poll>> polls;
   {
     absl::MutexLock lock(&mu_);
-    // Groups that vanished from DNS are dropped; in-flight streams keep their own stub reference. One with a poll
-    // in flight waits in retired_ until it ends, so its channel is destroyed here, never on a gRPC callback
-    // thread (where destroying a channel can join that very thread: grpc/grpc#37858).
+    // Groups that vanished from DNS are dropped. Their channels must be destroyed here, never on a gRPC callback
+    // thread (destroying a channel there can join that very thread: grpc/grpc#37858): a group with a poll in
+    // flight waits in retired_ until the poll ends, and its stub waits in stubs_to_drop_ until the in-flight
+    // streams that share it have let go (this thread then holds the last reference).
     std::erase_if(retired_, [](const std::shared_ptr<Group>& g) { return !g->polling; });
+    std::erase_if(stubs_to_drop_, [](const auto& stub) { return stub.use_count() == 1; });
     std::erase_if(groups_, [&](const std::shared_ptr<Group>& g) {
       const bool gone = !std::binary_search(addresses.begin(), addresses.end(), g->address);
-      if (gone && g->polling) retired_.push_back(g);
-      return gone;
+      if (!gone) return false;
+      stubs_to_drop_.push_back(g->stub);
+      if (g->polling) retired_.push_back(g);
+      return true;
     });
     for (const std::string& a : addresses) {
       auto it = std::find_if(groups_.begin(), groups_.end(), [&](const auto& g) { return g->address == a; });

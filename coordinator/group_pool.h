@@ -129,6 +129,8 @@ class GroupPool {
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<Group>> retired_ ABSL_GUARDED_BY(mu_);  // gone from DNS, a poll still in flight
+  // Stubs of dropped groups that streams still hold; released on the watcher thread once only this holds them.
+  std::vector<std::shared_ptr<dsv4::v1::Worker::Stub>> stubs_to_drop_ ABSL_GUARDED_BY(mu_);
   int polls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::string, std::string> host_of_ ABSL_GUARDED_BY(mu_);  // resolved address -> target host
   std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);

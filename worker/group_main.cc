@@ -212,7 +212,8 @@ int Supervise(const GroupFlags& g, const std::vector<std::vector<std::string>>& 
         continue;
       }
       const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
-      const timespec ts{.tv_sec = static_cast<time_t>(ns / 1'000'000'000), .tv_nsec = static_cast<long>(ns % 1'000'000'000)};
+      const timespec ts{.tv_sec = static_cast<time_t>(ns / 1'000'000'000),
+                        .tv_nsec = static_cast<long>(ns % 1'000'000'000)};
       sig = sigtimedwait(&handled, &info, &ts);
     } else {
       sig = sigwaitinfo(&handled, &info);
