@@ -186,7 +186,8 @@ absl::Status GenerateCall::Admit(const absl::StatusOr<GenerateRequest>& parsed) 
   std::optional<dsv4::v1::GetModelInfoResponse> info = env_->pool->ModelInfo();
   if (!info.has_value() || info->ready_groups() == 0) {
     return absl::UnavailableError(absl::StrCat("no worker group is ready (",
-                                               info.has_value() ? info->total_groups() : 0, " known)"));
+                                               info.has_value() ? info->total_groups() : 0, " known)",
+                                               env_->pool->NotReadySummary()));
   }
   if (request.resume_generated() != 0) {
     return absl::InvalidArgumentError(absl::StrCat("resume_generated = ", request.resume_generated(),

@@ -358,7 +358,7 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
         other_checkpoint > 0 ? absl::StrCat(", ", other_checkpoint, " ready but serving another checkpoint than ",
                                             checkpoint, ", which began this stream")
                              : "",
-        ")"));
+        ")", NotReadySummaryLocked()));
   }
   if (open.empty()) {
     double step = 0;
@@ -433,6 +433,28 @@ std::optional<dsv4::v1::GetModelInfoResponse> GroupPool::ModelInfo() const {
     }
     if (best.first > 0) out->set_checkpoint_fingerprint(best.second);
   }
+  return out;
+}
+
+std::string GroupPool::NotReadySummary() const {
+  absl::MutexLock lock(&mu_);
+  return NotReadySummaryLocked();
+}
+
+std::string GroupPool::NotReadySummaryLocked() const {
+  constexpr int kShown = 3;
+  std::string out;
+  int shown = 0, more = 0;
+  for (const auto& g : groups_) {
+    if (g->ready()) continue;
+    if (shown == kShown) {
+      ++more;
+      continue;
+    }
+    absl::StrAppend(&out, shown == 0 ? ": " : "; ", g->address, " ", g->why);
+    ++shown;
+  }
+  if (more > 0) absl::StrAppend(&out, "; and ", more, " more");
   return out;
 }
 

@@ -107,6 +107,8 @@ class GroupPool {
   std::optional<dsv4::v1::GetModelInfoResponse> ModelInfo() const;
   // Distinct checkpoints among the ready groups (1 normally; more during a rolling upgrade or by mistake).
   int ReadyCheckpoints() const;
+  // Why groups are not ready, for an UNAVAILABLE message: ": ADDR WHY; ADDR WHY; and N more" ("" when all are).
+  std::string NotReadySummary() const;
   std::vector<GroupStatus> Snapshot() const;
   int ReadyCount() const;
 
@@ -123,6 +125,7 @@ class GroupPool {
   void ApplyPollLocked(const Poll& poll, absl::Time started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<std::string> ResolveTargets();
   double Score(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NotReadySummaryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool Saturated(const Group& g) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const GroupPoolOptions options_;

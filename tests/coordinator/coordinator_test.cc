@@ -136,6 +136,7 @@ TEST_F(CoordinatorTest, NoReadyGroupIsUnavailable) {
   StreamResult r = RunGenerate(*stub_, MakeRequest({3, 4}, 4));
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_THAT(r.status.error_message(), HasSubstr("no worker group is ready"));
+  EXPECT_THAT(r.status.error_message(), HasSubstr(dead + " GetLoad")) << "the message says why the group is out";
   grpc::ClientContext ctx;
   dsv4::v1::GetModelInfoResponse info;
   EXPECT_EQ(stub_->GetModelInfo(&ctx, {}, &info).error_code(), grpc::StatusCode::UNAVAILABLE);
