@@ -228,8 +228,7 @@ void GenerateCall::Route() {
     } else {
       const int64_t tokens = request_.prompt_token_ids_size() + request_.sampling().max_new_tokens();
       // Once tokens were streamed, only a group on the same checkpoint may continue them.
-      absl::StatusOr<GroupHandle> group =
-          env_->pool->Pick(tokens, failed_groups_, generated_.empty() ? std::string() : stream_checkpoint_);
+      absl::StatusOr<GroupHandle> group = env_->pool->Pick(tokens, failed_groups_, stream_checkpoint_);
       if (!group.ok()) {
         action = FailLocked(group.status());
       } else {
@@ -275,7 +274,7 @@ void GenerateCall::OnChunk(Attempt* attempt, const GenerateResponse& chunk) {
       last_token_ = now;
       if (env_->metrics != nullptr) env_->metrics->AddGenerationTokens(n);
     }
-    if (n > 0 && generated_.empty()) stream_checkpoint_ = attempt->group().checkpoint;
+    if (n > 0 && !stream_checkpoint_.has_value()) stream_checkpoint_ = attempt->group().checkpoint;
     for (int32_t t : chunk.token_ids()) {
       generated_.push_back(t);
       pending_.push_back(t);

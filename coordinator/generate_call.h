@@ -117,7 +117,8 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   dsv4::v1::GenerateRequest request_ ABSL_GUARDED_BY(mu_);  // as admitted: seed pinned, id set
   int eos_token_id_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<int32_t> generated_ ABSL_GUARDED_BY(mu_);  // every token received, in order
-  std::string stream_checkpoint_ ABSL_GUARDED_BY(mu_);   // checkpoint of the group that streamed the first token
+  // The checkpoint of the group that streamed the first token; set from then on.
+  std::optional<std::string> stream_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> pending_ ABSL_GUARDED_BY(mu_);    // received, not yet handed to a write
   // Shared with the watchdog (weakly), which may hold one for the length of an Abandon.
   std::vector<std::shared_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);

@@ -129,10 +129,12 @@ GroupPool::~GroupPool() {
     stop_ = true;
   }
   if (watcher_.joinable()) watcher_.join();
-  // Polls still in flight call back into this pool: wait for them (each ends by the health deadline).
+  // Polls still in flight call back into this pool: wait for them (each ends by the health deadline); then the
+  // polls, groups and stubs go on this thread.
   absl::MutexLock lock(&mu_);
   auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return polls_in_flight_ == 0; };
   mu_.Await(absl::Condition(&all_done));
+  polls_.clear();
 }
 
 absl::Status GroupPool::Start() {
@@ -181,8 +183,10 @@ void GroupPool::WatchLoop() {
   }
 }
 
-// One poll of one group: its RPCs' answers. Owned by the RPCs' callbacks (the last one applies it), so each group's
-// poll ends on its own: a group that hangs until the health deadline does not hold up the others' polls.
+// One poll of one group: its RPCs' answers. The RPCs' callbacks apply it when the last one ends, so each group's
+// poll ends on its own: a group that hangs until the health deadline does not hold up the others' polls. The pool
+// owns it and frees it on the watcher thread (or in the destructor): its ClientContexts hold the channel, and a
+// channel must never be destroyed on a gRPC callback thread (that can join the thread itself: grpc/grpc#37858).
 struct GroupPool::Poll {
   std::shared_ptr<Group> group;
   absl::Time started;
@@ -192,27 +196,25 @@ struct GroupPool::Poll {
   dsv4::v1::GetLoadResponse load;
   dsv4::v1::GetModelInfoResponse info;
   grpc::Status load_status, info_status;
-  bool want_info = false;
-  std::atomic<int> pending{0};
+  std::atomic<int> pending{2};
+  bool done = false;  // guarded by the pool's mu_: the callbacks are finished with it
 };
 
 void GroupPool::PollOnce(bool wait) {
   const std::vector<std::string> addresses = ResolveTargets();
-  std::vector<std::shared_ptr<Poll>> polls;
+  std::vector<Poll*> started_polls;
   {
     absl::MutexLock lock(&mu_);
-    // Groups that vanished from DNS are dropped. Their channels must be destroyed here, never on a gRPC callback
-    // thread (destroying a channel there can join that very thread: grpc/grpc#37858): a group with a poll in
-    // flight waits in retired_ until the poll ends, and its stub waits in stubs_to_drop_ until the in-flight
-    // streams that share it have let go (this thread then holds the last reference).
-    std::erase_if(retired_, [](const std::shared_ptr<Group>& g) { return !g->polling; });
+    // Finished polls go here, on the watcher thread (see Poll).
+    std::erase_if(polls_, [](const std::unique_ptr<Poll>& p) { return p->done; });
+    // Groups that vanished from DNS are dropped (an unfinished poll keeps its own reference until it is freed
+    // above). Their stubs wait in stubs_to_drop_ until the in-flight streams that share them have let go, so this
+    // thread, not a stream's callback, releases the last reference to the channel.
     std::erase_if(stubs_to_drop_, [](const auto& stub) { return stub.use_count() == 1; });
     std::erase_if(groups_, [&](const std::shared_ptr<Group>& g) {
       const bool gone = !std::binary_search(addresses.begin(), addresses.end(), g->address);
-      if (!gone) return false;
-      stubs_to_drop_.push_back(g->stub);
-      if (g->polling) retired_.push_back(g);
-      return true;
+      if (gone) stubs_to_drop_.push_back(g->stub);
+      return gone;
     });
     for (const std::string& a : addresses) {
       auto it = std::find_if(groups_.begin(), groups_.end(), [&](const auto& g) { return g->address == a; });
@@ -226,32 +228,29 @@ void GroupPool::PollOnce(bool wait) {
     for (const auto& g : groups_) {
       if (g->polling) continue;  // its last poll is still waiting for an answer (at most the health deadline)
       g->polling = true;
-      auto p = std::make_shared<Poll>();
+      auto p = std::make_unique<Poll>();
       p->group = g;
-      p->want_info = !g->model.has_value();
-      polls.push_back(std::move(p));
+      started_polls.push_back(p.get());
+      polls_.push_back(std::move(p));
     }
-    polls_in_flight_ += static_cast<int>(polls.size());
+    polls_in_flight_ += static_cast<int>(started_polls.size());
   }
   const absl::Time started = absl::Now();
   const auto deadline = absl::ToChronoTime(started + options_.rpc_timeout);
-  for (const std::shared_ptr<Poll>& p : polls) {
+  for (Poll* p : started_polls) {
     p->started = started;
-    p->pending = p->want_info ? 2 : 1;
-    // Each callback holds the poll; the last one to finish applies it.
+    // GetModelInfo every time, not once: a leader restarted at the same address may serve another checkpoint.
     p->load_ctx.set_deadline(deadline);
     p->group->stub->async()->GetLoad(&p->load_ctx, &p->load_req, &p->load, [this, p](grpc::Status s) {
       p->load_status = std::move(s);
       if (--p->pending == 0) FinishPoll(*p);
     });
-    if (!p->want_info) continue;
     p->info_ctx.set_deadline(deadline);
     p->group->stub->async()->GetModelInfo(&p->info_ctx, &p->info_req, &p->info, [this, p](grpc::Status s) {
       p->info_status = std::move(s);
       if (--p->pending == 0) FinishPoll(*p);
     });
   }
-  polls.clear();  // the callbacks own them now
   if (wait) {
     absl::MutexLock lock(&mu_);
     auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return polls_in_flight_ == 0; };
@@ -274,12 +273,11 @@ void GroupPool::FinishPoll(Poll& p) {
                                       absl::ToInt64Milliseconds(options_.rpc_timeout), " ms)")
                        : absl::StrCat("GetLoad failed: ", p.load_status.error_message());
     }
-    // Let go of the group while groups_ or retired_ still holds it: the last reference is never this thread's.
     p.group->polling = false;
-    p.group.reset();
   }
   if (why_failed && options_.on_unanswered) options_.on_unanswered(address, *why_failed);
   absl::MutexLock lock(&mu_);
+  p.done = true;       // from here the watcher may free it
   --polls_in_flight_;  // last: the pool (and what on_unanswered reaches) outlives every callback
 }
 
@@ -287,8 +285,12 @@ void GroupPool::ApplyPollLocked(const Poll& p, absl::Time started) {
   Group& g = *p.group;
   if (started <= g.down_since) return;  // this poll may predate the failure that marked the group down
   const bool was_ready = g.ready();
-  if (p.want_info && p.info_status.ok()) g.model = p.info;
   g.answered = p.load_status.ok();
+  if (p.info_status.ok()) {
+    g.model = p.info;
+  } else if (!g.answered) {
+    g.model.reset();  // what answers at this address next may be another process on another checkpoint
+  }
   if (g.answered) {
     g.load = p.load;
     g.routed_since_poll = 0;
@@ -332,7 +334,7 @@ bool GroupPool::Saturated(const Group& g) const {
 }
 
 absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude,
-                                            const std::string& checkpoint) {
+                                            const std::optional<std::string>& checkpoint) {
   absl::MutexLock lock(&mu_);
   // ready: every ready group (of the checkpoint asked for), those this request already tried included (a group
   // that refused it with a full queue stays ready), so the messages below count what an operator sees; open:
@@ -341,7 +343,7 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
   int tried = 0, other_checkpoint = 0;
   for (auto& g : groups_) {
     if (!g->ready()) continue;
-    if (!checkpoint.empty() && g->checkpoint() != checkpoint) {
+    if (checkpoint.has_value() && g->checkpoint() != *checkpoint) {
       ++other_checkpoint;
       continue;
     }
@@ -355,8 +357,8 @@ absl::StatusOr<GroupHandle> GroupPool::Pick(int64_t tokens, const absl::flat_has
   if (ready.empty()) {
     return absl::UnavailableError(absl::StrCat(
         "no worker group is ready (", groups_.size(), " known, ", exclude.size(), " already failed for this request",
-        other_checkpoint > 0 ? absl::StrCat(", ", other_checkpoint, " ready but serving another checkpoint than ",
-                                            checkpoint, ", which began this stream")
+        other_checkpoint > 0 ? absl::StrCat(", ", other_checkpoint, " ready but serving another checkpoint than '",
+                                            checkpoint.value_or(""), "', which began this stream")
                              : "",
         ")", NotReadySummaryLocked()));
   }
@@ -407,32 +409,36 @@ void GroupPool::MarkDown(const std::string& address, const std::string& why) {
 
 std::optional<dsv4::v1::GetModelInfoResponse> GroupPool::ModelInfo() const {
   absl::MutexLock lock(&mu_);
-  std::optional<dsv4::v1::GetModelInfoResponse> out;
+  // The checkpoint most ready groups serve (ties: the smallest fingerprint, so the answer is stable); the answer's
+  // fields come from a ready group on it, the limits are the minimum over every group that answered.
+  absl::flat_hash_map<std::string, int> count;
   int ready = 0;
   for (const auto& g : groups_) {
-    if (g->ready()) ++ready;
+    if (!g->ready()) continue;
+    ++ready;
+    ++count[g->checkpoint()];
+  }
+  std::pair<int, std::string> best{0, ""};
+  for (const auto& [fingerprint, n] : count) {
+    if (n > best.first || (n == best.first && fingerprint < best.second)) best = {n, fingerprint};
+  }
+  const Group* source = nullptr;
+  for (const auto& g : groups_) {
     if (!g->model.has_value()) continue;
-    if (!out.has_value()) {
-      out = *g->model;
-    } else {
-      out->set_vocab_size(std::min(out->vocab_size(), g->model->vocab_size()));
-      out->set_max_context(std::min(out->max_context(), g->model->max_context()));
+    const bool preferred = g->ready() && g->checkpoint() == best.second;
+    if (source == nullptr || (preferred && !(source->ready() && source->checkpoint() == best.second))) {
+      source = g.get();
     }
   }
-  if (out.has_value()) {
-    out->set_ready_groups(ready);
-    out->set_total_groups(static_cast<int>(groups_.size()));
-    // The checkpoint most ready groups serve (ties: the smallest fingerprint, so the answer is stable).
-    absl::flat_hash_map<std::string, int> count;
-    for (const auto& g : groups_) {
-      if (g->ready()) ++count[g->checkpoint()];
-    }
-    std::pair<int, std::string> best{0, ""};
-    for (const auto& [fingerprint, n] : count) {
-      if (n > best.first || (n == best.first && fingerprint < best.second)) best = {n, fingerprint};
-    }
-    if (best.first > 0) out->set_checkpoint_fingerprint(best.second);
+  if (source == nullptr) return std::nullopt;
+  dsv4::v1::GetModelInfoResponse out = *source->model;
+  for (const auto& g : groups_) {
+    if (!g->model.has_value()) continue;
+    out.set_vocab_size(std::min(out.vocab_size(), g->model->vocab_size()));
+    out.set_max_context(std::min(out.max_context(), g->model->max_context()));
   }
+  out.set_ready_groups(ready);
+  out.set_total_groups(static_cast<int>(groups_.size()));
   return out;
 }
 

@@ -17,8 +17,9 @@
 // that did not fit into free batch slots) reaches the max_waiting it reports. When all are, Pick answers
 // RESOURCE_EXHAUSTED with a retry hint of about one decode step of the slowest group (50 ms .. 5 s).
 //
-// Threads: one watcher thread (owned, joined by the destructor) does blocking resolves and waits on its own
-// polls; Pick/MarkDown/Release are called from gRPC reactions and only take the mutex briefly.
+// Threads: one watcher thread (owned, joined by the destructor) does blocking resolves, starts the polls and frees
+// finished polls and dropped groups' channels; each poll's answer is applied on a gRPC callback thread (groups in
+// parallel); Pick/MarkDown/Release are called from gRPC reactions. All only take the mutex briefly.
 #pragma once
 
 #include <cstdint>
@@ -51,8 +52,9 @@ struct GroupPoolOptions {
   // on_unanswered like a group that missed its poll. Zero = off.
   absl::Duration engine_stall = absl::ZeroDuration();
   uint64_t seed = 0;                              // p2c random choices (tests pin it)
-  // Called on the watcher thread, with no pool lock held, after each poll that a group did not answer or answered
-  // with a stalled engine (address, why); the coordinator fails over that group's silent streams. May be empty.
+  // Called on a gRPC callback thread (several at once for different groups), with no pool lock held, after each
+  // poll that a group did not answer or answered with a stalled engine (address, why); the coordinator fails over
+  // that group's silent streams. Must be thread-safe; may be empty.
   std::function<void(const std::string& address, const std::string& why)> on_unanswered = nullptr;
   // How groups are dialled (plaintext by default). A leader is dialled by IP; with TLS its certificate must
   // carry security.server_name, or when that is empty the host as written in `targets`.
@@ -90,11 +92,12 @@ class GroupPool {
   absl::Status Start();
 
   // The group for a request of `tokens` tokens (prompt + max_new_tokens), excluding `exclude` addresses and,
-  // when `checkpoint` is not empty, groups serving another checkpoint (a failover resumes a stream only on the
-  // model that began it). UNAVAILABLE when no such group is ready; RESOURCE_EXHAUSTED (with the retry hint in
-  // the message) when every one is saturated. The caller must Release the handle when its stream ends.
+  // when `checkpoint` is set, groups serving another checkpoint ("" included: a group that did not say is not
+  // known to serve the same one) - a failover resumes a stream only on the model that began it. UNAVAILABLE when
+  // no such group is ready; RESOURCE_EXHAUSTED (with the retry hint in the message) when every one is saturated.
+  // The caller must Release the handle when its stream ends.
   absl::StatusOr<GroupHandle> Pick(int64_t tokens, const absl::flat_hash_set<std::string>& exclude,
-                                   const std::string& checkpoint = "");
+                                   const std::optional<std::string>& checkpoint = std::nullopt);
   void Release(const GroupHandle& group);
 
   // A stream to the group failed the way a dead or unreachable process does: stop routing to it until a
@@ -131,7 +134,7 @@ class GroupPool {
   const GroupPoolOptions options_;
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<Group>> groups_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<Group>> retired_ ABSL_GUARDED_BY(mu_);  // gone from DNS, a poll still in flight
+  std::vector<std::unique_ptr<Poll>> polls_ ABSL_GUARDED_BY(mu_);  // started; freed by the watcher once done
   // Stubs of dropped groups that streams still hold; released on the watcher thread once only this holds them.
   std::vector<std::shared_ptr<dsv4::v1::Worker::Stub>> stubs_to_drop_ ABSL_GUARDED_BY(mu_);
   int polls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

@@ -90,7 +90,7 @@ class CoordinatorServer {
   prometheus::Gauge* ready_groups_ = nullptr;
   prometheus::Gauge* ready_checkpoints_ = nullptr;
   int last_ready_checkpoints_ = 1;  // stats thread only: logs a change to > 1 once
-  std::unique_ptr<StreamWatchdog> watchdog_;  // outlives the pool, whose watcher thread calls it
+  std::unique_ptr<StreamWatchdog> watchdog_;  // outlives the pool, whose poll callbacks call it
   std::unique_ptr<GroupPool> pool_;
   CallTracker tracker_;
   CallEnv env_;

@@ -149,6 +149,9 @@ bool Engine::TakeInbox(std::vector<std::unique_ptr<Request>>* fresh, std::vector
     sleeping_ = false;
   }
   for (auto& r : inbox_) fresh->push_back(std::move(r));
+  // They wait in the scheduler from here until the next PublishLoad recounts: GetLoad (the heartbeat's "busy")
+  // and Submit's queue bound must see them during the step that takes them, the first one after an idle spell.
+  waiting_in_scheduler_ += static_cast<int>(inbox_.size());
   inbox_.clear();
   cancels->swap(cancels_);
   return !stop_;

@@ -106,6 +106,7 @@ std::vector<char*> CArgs(std::vector<std::string>& argv) {
 
 // Runs `argv` to completion (stdout and stderr to ours); its exit code, or 128 + signal.
 int RunToCompletion(std::vector<std::string> argv) {
+  signal(SIGCHLD, SIG_DFL);  // see Supervise
   const pid_t pid = fork();
   if (pid == 0) {
     std::vector<char*> c = CArgs(argv);
@@ -162,6 +163,9 @@ std::string Describe(int code) {
 }
 
 int Supervise(const GroupFlags& g, const std::vector<std::vector<std::string>>& args) {
+  // An inherited SIG_IGN for SIGCHLD would reap children behind our back (and survives exec): no SIGCHLD, waitpid
+  // failing with ECHILD, ranks that never leave "running".
+  signal(SIGCHLD, SIG_DFL);
   sigset_t handled, original;
   sigemptyset(&handled);
   sigaddset(&handled, SIGTERM);
@@ -227,11 +231,16 @@ int Supervise(const GroupFlags& g, const std::vector<std::vector<std::string>>& 
       }
       continue;
     }
-    // SIGCHLD: reap every rank that has exited.
-    for (size_t r = 0; r < ranks.size(); ++r) {
-      Rank& k = ranks[r];
+    // SIGCHLD: reap every child that has exited - ranks, and orphans handed to us as a container's PID 1 (a
+    // timed-out probe's process, say), which would otherwise stay zombies.
+    while (true) {
       int status = 0;
-      if (!k.running || waitpid(k.pid, &status, WNOHANG) != k.pid) continue;
+      const pid_t pid = waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) break;
+      size_t r = 0;
+      while (r < ranks.size() && !(ranks[r].running && ranks[r].pid == pid)) ++r;
+      if (r == ranks.size()) continue;  // not a rank
+      Rank& k = ranks[r];
       k.running = false;
       k.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       if (kill_at) {

@@ -47,6 +47,7 @@
 #include "worker/memory_plan.h"
 #include "worker/options.h"
 #include "worker/service.h"
+#include "worker/stall_watch.h"
 #include "worker/tp_group.h"
 
 namespace {
@@ -85,6 +86,9 @@ ABSL_FLAG(double, comm_timeout, kDefaults.comm_timeout_s, "deadline of one colle
 ABSL_FLAG(std::string, metrics_listen, kDefaults.metrics_listen, "host:port for /metrics; empty = off");
 ABSL_FLAG(std::string, ready_file, kDefaults.ready_file, "file to write 'grpc=HOST:PORT metrics=HOST:PORT' to");
 ABSL_FLAG(double, drain_timeout, kDefaults.drain_timeout_s, "seconds to finish in-flight requests on SIGTERM");
+ABSL_FLAG(double, stall_timeout, kDefaults.stall_timeout_s,
+          "seconds without a finished step while there is work (a hung engine) before health turns NOT_SERVING, so "
+          "a liveness probe restarts the process; 0 = off");
 ABSL_FLAG(std::string, log_level, kDefaults.log_level, "trace | debug | info | warn | error");
 ABSL_FLAG(int, phase_timing_every, kDefaults.phase_timing_every,
           "time the phases (dsv4_decode_gpu_seconds_total) of 1 step in N; needs --metrics-listen");
@@ -133,6 +137,7 @@ WorkerOptions OptionsFromFlags(const std::set<std::string>& given_flags) {
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   o.ready_file = absl::GetFlag(FLAGS_ready_file);
   o.drain_timeout_s = absl::GetFlag(FLAGS_drain_timeout);
+  o.stall_timeout_s = absl::GetFlag(FLAGS_stall_timeout);
   o.log_level = absl::GetFlag(FLAGS_log_level);
   o.phase_timing_every = absl::GetFlag(FLAGS_phase_timing_every);
   o.validate_only = absl::GetFlag(FLAGS_validate_only);
@@ -378,9 +383,20 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
     if (absl::Status s = WriteReadyFile(o.ready_file, ready); !s.ok()) return Fail(s);
   }
   DSV4_LOG_INFO("SERVING {}", ready.substr(0, ready.size() - 1));
+  std::optional<StallWatch> stall_watch;
+  if (o.stall_timeout_s > 0) {
+    stall_watch.emplace([&engine] { return engine.GetLoad().seconds_since_progress(); },
+                        absl::Seconds(o.stall_timeout_s), [server](double stalled_s) {
+                          DSV4_LOG_ERROR("engine made no progress for {:.1f} s with requests waiting (--stall-timeout): "
+                                         "health NOT_SERVING, for a liveness probe to restart this worker",
+                                         stalled_s);
+                          server->GetHealthCheckService()->SetServingStatus(false);
+                        });
+  }
 
   int sig = 0;
   sigwait(&signals, &sig);
+  stall_watch.reset();  // a drain may take long steps of its own
   DSV4_LOG_INFO("signal {}: draining (timeout {:.1f} s)", sig, o.drain_timeout_s);
   server->GetHealthCheckService()->SetServingStatus(false);
   absl::Notification drained;

@@ -87,6 +87,9 @@ absl::Status ValidateOptions(const WorkerOptions& o) {
   if (!(o.comm_timeout_s > 0)) {
     return absl::InvalidArgumentError(absl::StrCat("--comm-timeout ", o.comm_timeout_s, " must be > 0"));
   }
+  if (!(o.stall_timeout_s >= 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("--stall-timeout ", o.stall_timeout_s, " must be >= 0 (0 = off)"));
+  }
   if (!(o.drain_timeout_s >= 0)) {
     return absl::InvalidArgumentError(absl::StrCat("--drain-timeout ", o.drain_timeout_s, " must be >= 0"));
   }

@@ -41,6 +41,8 @@ struct WorkerOptions {
   std::string metrics_listen;              // --metrics-listen: host:port for /metrics; empty = off
   std::string ready_file;                  // --ready-file: "grpc=HOST:PORT metrics=HOST:PORT" once SERVING
   double drain_timeout_s = 30;             // --drain-timeout: SIGTERM drain budget, seconds
+  double stall_timeout_s = 120;            // --stall-timeout: health NOT_SERVING after this long without a step
+                                           // while there is work (a hung engine); 0 = off
   std::string log_level = "info";          // --log-level
   int phase_timing_every = 64;             // --phase-timing-every: time the phases of 1 step in N (needs metrics)
   bool validate_only = false;              // --validate-only: check the flags, print them, exit 0 (CI, deploy/)

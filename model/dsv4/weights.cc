@@ -98,6 +98,7 @@ class Loader {
       if (mode_ == Mode::kPlan) {
         HostLinear h;
         h.view = p.view;
+        planned_bytes_ += ViewBytes(h.view);  // not streamed, but this rank's bytes all the same (the auto choice)
         return h;
       }
       DSV4_ASSIGN_OR_RETURN(HostLinear h, ReadLinearBlock(ck_, base, n, k, rows, cols));
@@ -186,7 +187,7 @@ class Loader {
   std::vector<ckpt::StreamItem> TakeItems() { return std::move(items_); }
   int64_t largest_hold() const { return std::max(largest_hold_, hold_); }
   int64_t largest_item() const { return largest_item_; }
-  int64_t planned_bytes() const { return planned_bytes_; }  // kPlan: every byte the stream will read
+  int64_t planned_bytes() const { return planned_bytes_; }  // kPlan: every byte this rank will read
 
  private:
   static int64_t ViewBytes(const kernels::WeightView& v) {
@@ -385,8 +386,10 @@ std::string WeightLoadStats::ToString() const {
   auto rate = [&](double s) { return s > 0 ? gb / s : 0.0; };
   const std::string why = choice.empty() ? "" : absl::StrCat(" [", choice, "]");
   if (!streamed) {
-    return absl::StrFormat("mapped %.3f GB in %.2f s (%.2f GB/s); backend prepare %.2f s%s", gb, seconds,
-                           rate(seconds), prepare_seconds, why);
+    return absl::StrFormat("mapped %.3f GB in %.2f s (%.2f GB/s)%s; backend prepare %.2f s%s", gb, seconds,
+                           rate(seconds),
+                           plan_seconds > 0 ? absl::StrFormat(" incl. the plan walk %.3f s", plan_seconds) : "",
+                           prepare_seconds, why);
   }
   return absl::StrFormat(
       "streamed %.3f GB in %.2f s (%.2f GB/s): plan %.3f s, pinned staging %d MiB in %.2f s, read %.2f s (%d "
@@ -423,6 +426,7 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadWeights(const ckpt::Checkpoint
   st.choice = choice.why;
   std::unique_ptr<ModelWeights> w;
   if (!st.streamed) {
+    plan.reset();  // its item list is not needed
     Loader ld(ck, backend, Loader::Mode::kMapped);
     DSV4_ASSIGN_OR_RETURN(w, Walk(ld, c, shard, on_layer));
     st.bytes = ld.bytes();

@@ -607,6 +607,11 @@ TEST_F(CoordinatorTest, FailoverStaysOnTheCheckpointThatBeganTheStream) {
   EXPECT_EQ(MetricValue(Scrape(), "dsv4_coordinator_ready_checkpoints{"), 2);
   // A fresh request (no tokens yet) may start on any checkpoint.
   EXPECT_TRUE(RunGenerate(*stub_, MakeRequest({7, 8}, 3)).status.ok());
+  // Model info is asked at every poll: what an address serves now counts, not what it served once (a leader
+  // restarted there on another checkpoint).
+  workers_[1]->SetCheckpoint("fnv1a64:aaaa");
+  absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(server_->pool().ReadyCheckpoints(), 1);
 }
 
 // Issue 16 #5: dsv4_prompt_tokens_total counts a request's prompt once a group has prefilled it (first token);

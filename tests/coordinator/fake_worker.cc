@@ -81,7 +81,8 @@ class FakeWorker::Service final : public dsv4::v1::Worker::Service {
     resp->set_bos_token_id(0);
     resp->set_num_layers(2);
     resp->set_weight_format("fake");
-    resp->set_checkpoint_fingerprint(w_->options_.checkpoint);
+    absl::MutexLock lock(&w_->mu_);
+    resp->set_checkpoint_fingerprint(w_->checkpoint_);
     return grpc::Status::OK;
   }
 
@@ -133,7 +134,8 @@ class FakeWorker::Service final : public dsv4::v1::Worker::Service {
   FakeWorker* const w_;
 };
 
-FakeWorker::FakeWorker(FakeWorkerOptions options) : options_(options), service_(std::make_unique<Service>(this)) {
+FakeWorker::FakeWorker(FakeWorkerOptions options)
+    : options_(options), service_(std::make_unique<Service>(this)), checkpoint_(options.checkpoint) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -173,6 +175,11 @@ void FakeWorker::Freeze(bool streams_only) {
 void FakeWorker::Thaw() {
   streams_frozen_ = false;
   load_frozen_ = false;
+}
+
+void FakeWorker::SetCheckpoint(const std::string& fingerprint) {
+  absl::MutexLock lock(&mu_);
+  checkpoint_ = fingerprint;
 }
 
 void FakeWorker::SetDraining(bool draining) {

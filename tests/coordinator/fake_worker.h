@@ -54,6 +54,8 @@ class FakeWorker {
   // The load GetLoad reports on top of the live streams (running counts them itself).
   void SetLoad(const dsv4::v1::GetLoadResponse& extra);
   void SetDraining(bool draining);
+  // What GetModelInfo answers from now on (a process restarted at the same address on another checkpoint).
+  void SetCheckpoint(const std::string& fingerprint);
 
   // Freeze: no stream produces a token and, unless streams_only, GetLoad does not answer, until Thaw.
   void Freeze(bool streams_only = false);
@@ -76,7 +78,8 @@ class FakeWorker {
   std::atomic<bool> streams_frozen_{false}, load_frozen_{false};
   mutable absl::Mutex mu_;
   dsv4::v1::GetLoadResponse extra_load_ ABSL_GUARDED_BY(mu_);
-  absl::Time frozen_at_ ABSL_GUARDED_BY(mu_);  // GetLoad's seconds_since_progress counts from here
+  absl::Time frozen_at_ ABSL_GUARDED_BY(mu_);   // GetLoad's seconds_since_progress counts from here
+  std::string checkpoint_ ABSL_GUARDED_BY(mu_);  // GetModelInfo's checkpoint_fingerprint
   std::vector<dsv4::v1::GenerateRequest> requests_ ABSL_GUARDED_BY(mu_);
   std::thread killer_;  // Kill() from inside a handler runs here
 };

@@ -49,6 +49,9 @@ TEST(WorkerOptions, BackendFlagsAreChecked) {
   }
   o.weight_load = "mmap";
   ExpectRefused(o, "--weight-load 'mmap' must be auto, mapped or streamed");
+  o = Cuda();
+  o.stall_timeout_s = -1;
+  ExpectRefused(o, "--stall-timeout -1 must be >= 0");
   for (double f : {0.0, -0.5, 1.01}) {
     o = Cuda();
     o.gpu_memory_fraction = f;
