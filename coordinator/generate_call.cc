@@ -279,6 +279,13 @@ void GenerateCall::OnChunk(Attempt* attempt, const GenerateResponse& chunk) {
       generated_.push_back(t);
       pending_.push_back(t);
     }
+    if (chunk.logprobs_size() == n) {
+      for (const dsv4::v1::TokenLogprob& lp : chunk.logprobs()) pending_logprobs_.push_back(lp);
+    } else if (request_.sampling().logprobs() && n > 0) {
+      // Only a worker that does not know the field (another version) sends tokens without them.
+      DSV4_LOG_WARN("req={} group {} sent {} tokens with {} logprobs; forwarding the tokens without",
+                    request_.request_id(), attempt->group().address, n, chunk.logprobs_size());
+    }
     attempt->tokens += n;
     if (chunk.finish_reason() != dsv4::v1::FINISH_REASON_UNSPECIFIED) {
       // Hold these tokens for the final message (sent once the stream's status confirms the finish), so the
@@ -390,6 +397,11 @@ GenerateCall::Action GenerateCall::NextWriteLocked() {
   out_.set_request_id(request_.request_id());
   out_.mutable_token_ids()->Add(pending_.begin(), pending_.end());
   pending_.clear();
+  // Kept only while aligned with the tokens (a chunk from a worker that sent none breaks the alignment).
+  if (pending_logprobs_.size() == static_cast<size_t>(out_.token_ids_size())) {
+    for (dsv4::v1::TokenLogprob& lp : pending_logprobs_) *out_.add_logprobs() = std::move(lp);
+  }
+  pending_logprobs_.clear();
   if (final_ok && error_.ok()) {
     out_.set_finish_reason(final_reason_);
     dsv4::v1::Usage* usage = out_.mutable_usage();

@@ -39,6 +39,12 @@ absl::Status ValidateSampling(const dsv4::v1::SamplingParams& s, const RequestLi
   if (!(s.min_p() >= 0.0f && s.min_p() <= 1.0f)) {
     return Invalid("sampling.min_p = ", s.min_p(), " must lie in [0, 1] (0 = off)");
   }
+  if (s.top_logprobs() < 0 || s.top_logprobs() > 20) {
+    return Invalid("sampling.top_logprobs = ", s.top_logprobs(), " must lie in [0, 20]");
+  }
+  if (s.top_logprobs() > 0 && !s.logprobs()) {
+    return Invalid("sampling.top_logprobs = ", s.top_logprobs(), " needs sampling.logprobs = true");
+  }
   if (s.stop_token_ids_size() > limits.max_stop_tokens) {
     return Invalid("sampling.stop_token_ids has ", s.stop_token_ids_size(), " entries (limit ",
                    limits.max_stop_tokens, ")");

@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "metrics/phase_timer.h"
 #include "metrics/serving_metrics.h"
+#include "worker/logprobs.h"
 
 namespace dsv4::worker {
 namespace {
@@ -74,6 +75,8 @@ absl::StatusOr<uint64_t> Engine::Submit(const dsv4::v1::GenerateRequest& g, std:
                  .seed = s.has_seed() ? s.seed() : ServerSeed()};
   r->stop_token_ids.assign(s.stop_token_ids().begin(), s.stop_token_ids().end());
   r->ignore_eos = s.ignore_eos();
+  r->logprobs = s.logprobs();
+  r->top_logprobs = s.top_logprobs();
   r->sink = std::move(sink);
   r->arrival_time = absl::Now();
   absl::MutexLock lock(&mu_);
@@ -261,8 +264,12 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
                       .start_pos = c.start});
   }
   // Sampling inside the step (the executor's Sample op: token ids come back, logits stay on the device), or on
-  // the host from the returned logits; the same token either way (one reference sampler, worker/sampler.h).
-  const bool in_step = executor_->SamplesInStep();
+  // the host from the returned logits; the same token either way (one reference sampler, worker/sampler.h). A
+  // step with a request that asked for log-probabilities takes the logits path: they leave the device only then.
+  const bool wants_logprobs = std::any_of(plan.begin(), plan.end(), [](const ScheduledChunk& c) {
+    return c.samples && c.request->logprobs;
+  });
+  const bool in_step = executor_->SamplesInStep() && !wants_logprobs;
   if (in_step) {
     sample_params_.resize(plan.size());
     sampled_.assign(plan.size(), -1);
@@ -311,6 +318,10 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
              absl::StrCat("the step sampled token ", token, " outside [0, ", vocab, ")"));
       continue;
     }
+    if (r->logprobs) {
+      r->last_logprob = TokenLogprobOf(std::span<const float>(logits_.data() + i * vocab, vocab), token,
+                                       r->top_logprobs);
+    }
     AfterSample(r, token, &done);
   }
   if (metrics_) {
@@ -356,6 +367,7 @@ void Engine::AfterSample(Request* r, int32_t token, std::vector<uint64_t>* done)
   dsv4::v1::GenerateResponse response;
   response.set_request_id(r->request_id);
   response.add_token_ids(token);
+  if (r->logprobs) *response.add_logprobs() = r->last_logprob;
   r->sink->OnResponse(std::move(response), false);
 }
 
@@ -367,7 +379,10 @@ void Engine::Finish(uint64_t handle, RequestState state, dsv4::v1::FinishReason 
   dsv4::v1::GenerateResponse response;
   response.set_request_id(r->request_id);
   // A normal finish carries the token sampled this step (it was not streamed yet).
-  if (state == RequestState::kFinished) response.add_token_ids(r->tokens.back());
+  if (state == RequestState::kFinished) {
+    response.add_token_ids(r->tokens.back());
+    if (r->logprobs) *response.add_logprobs() = r->last_logprob;
+  }
   response.set_finish_reason(reason);
   auto* usage = response.mutable_usage();
   usage->set_prompt_tokens(r->prompt_tokens);

@@ -56,6 +56,9 @@ struct Request {
   SamplingConfig sampling;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  bool logprobs = false;  // stream each token's log-probability (and top_logprobs alternatives)
+  int top_logprobs = 0;
+  dsv4::v1::TokenLogprob last_logprob;  // of the last sampled token, for the response that carries it
   RequestState state = RequestState::kWaiting;
   BlockTables tables;
   bool needs_state_reset = false;  // set on admission: the slot's compressor state is stale

@@ -263,6 +263,42 @@ TEST_F(CoordinatorTest, FailoverOfAGreedyRequestIsSeamless) {
   ExpectSeamlessFailover(this, workers_, *stub_, MakeRequest({11, 12, 13}, 16), 5);
 }
 
+// Log-probabilities reach the client one per token, across a failover too (the resumed group sends those of the
+// tokens it streams; none is lost or repeated).
+TEST_F(CoordinatorTest, LogprobsStayAlignedWithTheTokensThroughAFailover) {
+  StartWorkers({{.die_after_tokens = 4}, {}});
+  dsv4::v1::GetLoadResponse busy;
+  busy.set_running_tokens(1'000'000);
+  workers_[1]->SetLoad(busy);
+  StartCoordinator();
+  WaitPolls();
+  dsv4::v1::GenerateRequest req = MakeRequest({21, 22, 23}, 10);
+  req.mutable_sampling()->set_logprobs(true);
+  req.mutable_sampling()->set_top_logprobs(2);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  auto reader = stub_->Generate(&ctx, req);
+  std::vector<int32_t> tokens;
+  std::vector<dsv4::v1::TokenLogprob> logprobs;
+  dsv4::v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    EXPECT_EQ(msg.logprobs_size(), msg.token_ids_size());
+    tokens.insert(tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    logprobs.insert(logprobs.end(), msg.logprobs().begin(), msg.logprobs().end());
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, FakeGeneration({21, 22, 23}, 10, false, 0, 1000));
+  ASSERT_EQ(logprobs.size(), tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    EXPECT_EQ(logprobs[i].logprob(), FakeLogprob(tokens[i])) << i;
+    ASSERT_EQ(logprobs[i].top_size(), 2);
+    EXPECT_EQ(logprobs[i].top(1).token_id(), 1);
+  }
+  ASSERT_EQ(workers_[1]->requests().size(), 1u);
+  EXPECT_EQ(workers_[1]->requests()[0].resume_generated(), 4);
+  EXPECT_TRUE(workers_[1]->requests()[0].sampling().logprobs()) << "the resumed request still asks";
+}
+
 TEST_F(CoordinatorTest, FailoverOfASampledRequestKeepsThePinnedSeed) {
   StartWorkers({{.die_after_tokens = 7}, {}});
   dsv4::v1::GetLoadResponse busy;

@@ -23,6 +23,8 @@ uint64_t Mix(uint64_t h, uint64_t v) {  // splitmix64 step: cheap, portable, wel
 
 }  // namespace
 
+float FakeLogprob(int32_t token) { return -0.01f * static_cast<float>(token % 97); }
+
 int32_t FakeNextToken(const std::vector<int32_t>& sequence, bool sampled, uint64_t seed, int vocab_size) {
   uint64_t h = sampled ? Mix(0x5eed, seed) : 0x9eed;
   for (int32_t t : sequence) h = Mix(h, static_cast<uint64_t>(t));
@@ -110,6 +112,15 @@ class FakeWorker::Service final : public dsv4::v1::Worker::Service {
       dsv4::v1::GenerateResponse chunk;
       chunk.set_request_id(req.request_id());
       chunk.add_token_ids(tok);
+      if (s.logprobs()) {
+        dsv4::v1::TokenLogprob* lp = chunk.add_logprobs();
+        lp->set_logprob(FakeLogprob(tok));
+        for (int k = 0; k < s.top_logprobs(); ++k) {
+          auto* t = lp->add_top();
+          t->set_token_id(k);
+          t->set_logprob(FakeLogprob(k));
+        }
+      }
       const bool stop = std::find(s.stop_token_ids().begin(), s.stop_token_ids().end(), tok) !=
                         s.stop_token_ids().end();
       if (stop || produced == s.max_new_tokens()) {

@@ -35,6 +35,8 @@ struct FakeWorkerOptions {
   std::string checkpoint = "fnv1a64:fake";  // GetModelInfo's checkpoint_fingerprint
 };
 
+// The log-probability the fake reports for a streamed token (sampling.logprobs), and for top alternative k.
+float FakeLogprob(int32_t token);
 // The fake's token after `sequence` (prompt + generated so far); `seed` is used only when sampled.
 int32_t FakeNextToken(const std::vector<int32_t>& sequence, bool sampled, uint64_t seed, int vocab_size);
 // The fake's whole generation for a prompt (no stop tokens, no eos): what an uninterrupted run streams.

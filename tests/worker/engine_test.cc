@@ -3,12 +3,14 @@
 #include "worker/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <memory>
 #include <random>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -349,6 +351,74 @@ TEST(Engine, DrainFinishesInFlightAndRefusesNew) {
   EXPECT_EQ(sink->Wait().finish_reason(), dsv4::v1::FINISH_REASON_LENGTH);
   EXPECT_TRUE(h.engine->GetLoad().draining());
 }
+
+// Log-probabilities: every streamed token (the final one included) carries log-softmax(logits)[token] of the
+// model's raw distribution and the top alternatives, checked against the fake's reference logits; on an executor
+// that samples inside the step the step falls back to host sampling for them and the tokens stay the reference's,
+// also for a request in the same batch that did not ask.
+class LogprobSink : public RequestSink {
+ public:
+  void OnResponse(dsv4::v1::GenerateResponse r, bool last) override {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(r.logprobs_size(), r.token_ids_size()) << "one logprob entry per token";
+    for (int i = 0; i < r.token_ids_size(); ++i) {
+      tokens_.push_back(r.token_ids(i));
+      if (i < r.logprobs_size()) logprobs_.push_back(r.logprobs(i));
+    }
+    done_ = done_ || last;
+  }
+  void Wait() {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+  absl::Mutex mu_;
+  std::vector<int32_t> tokens_;
+  std::vector<dsv4::v1::TokenLogprob> logprobs_;
+  bool done_ = false;
+};
+
+void CheckLogprobs(bool sample_in_step) {
+  const FakeModelSpec spec{.sample_in_step = sample_in_step};
+  Harness h(64, {.max_batch = 16, .max_waiting = 64, .prefill_chunk = 32, .max_context = 256}, nullptr, spec);
+  std::mt19937 rng(std::random_device{}());
+  for (float temperature : {0.0f, 0.8f}) {
+    SCOPED_TRACE(absl::StrCat("temperature ", temperature, sample_in_step ? ", sampling in the step" : ""));
+    auto with = MakeRequest(RandomPrompt(rng, 9), 12, temperature, rng());
+    with.mutable_sampling()->set_logprobs(true);
+    with.mutable_sampling()->set_top_logprobs(5);
+    const auto without = MakeRequest(RandomPrompt(rng, 7), 12, temperature, rng());
+    auto sink = std::make_shared<LogprobSink>();
+    auto plain = std::make_shared<CollectingSink>();
+    ASSERT_TRUE(h.engine->Submit(with, sink).ok());
+    ASSERT_TRUE(h.engine->Submit(without, plain).ok());
+    sink->Wait();
+    plain->Wait();
+    EXPECT_EQ(plain->tokens(), ReferenceGenerate(h.spec, AsReference(without)));
+    const std::vector<int32_t> expected = ReferenceGenerate(h.spec, AsReference(with));
+    ASSERT_EQ(sink->tokens_, expected);
+    ASSERT_EQ(sink->logprobs_.size(), expected.size());
+    std::vector<int32_t> seq(with.prompt_token_ids().begin(), with.prompt_token_ids().end());
+    for (size_t i = 0; i < expected.size(); ++i) {
+      const std::vector<float> logits = ReferenceLogits(h.spec, seq);
+      double z = 0;
+      for (float v : logits) z += std::exp(static_cast<double>(v));
+      const dsv4::v1::TokenLogprob& lp = sink->logprobs_[i];
+      EXPECT_NEAR(lp.logprob(), std::log(std::exp(static_cast<double>(logits[expected[i]])) / z), 1e-5) << i;
+      ASSERT_EQ(lp.top_size(), 5);
+      const int32_t argmax = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      EXPECT_EQ(lp.top(0).token_id(), argmax) << i;
+      for (int k = 1; k < 5; ++k) EXPECT_GE(lp.top(k - 1).logprob(), lp.top(k).logprob()) << i;
+      if (temperature == 0) {
+        EXPECT_EQ(lp.top(0).logprob(), lp.logprob()) << "greedy: the token is the top one";
+      }
+      EXPECT_LE(lp.logprob(), 0.0f);
+      seq.push_back(expected[i]);
+    }
+  }
+}
+
+TEST(Engine, LogprobsMatchTheReferenceDistribution) { CheckLogprobs(false); }
+TEST(Engine, LogprobsOnAnExecutorThatSamplesInTheStep) { CheckLogprobs(true); }
 
 // GetLoad's heartbeat: 0 while idle (an idle spell is not a stall, not even the instant work arrives), the time
 // inside the current step while one runs - the first step after idling included - back to 0 when the work is done.

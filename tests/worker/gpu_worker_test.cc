@@ -150,6 +150,31 @@ TEST_F(GpuWorkerTest, GreedyEqualsGenerateCuda) {
   EXPECT_TRUE(WaitPagesFree(graphs_->stub.get()));
 }
 
+// A request asking for log-probabilities runs its steps on the logits path (host sampling from logits copied off
+// the device) beside one that samples in the step: both stream the reference's greedy tokens, and the log-probs
+// say the greedy token is the most likely one.
+TEST_F(GpuWorkerTest, LogprobsBesideInStepSampling) {
+  const auto prompt = Prompt(33, 5);
+  const std::vector<int32_t> want = Reference(prompt, 8);
+  dsv4::v1::GenerateRequest with = Request(prompt, 8);
+  with.mutable_sampling()->set_logprobs(true);
+  with.mutable_sampling()->set_top_logprobs(3);
+  const auto both = GenerateAll(graphs_->stub.get(), {with, Request(prompt, 8)});
+  for (const Stream& s : both) {
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message() << " (log " << graphs_->log << ")";
+    const absl::Status same = Same(prompt, s.tokens, want);
+    EXPECT_TRUE(same.ok()) << same;
+  }
+  ASSERT_EQ(both[0].logprobs.size(), both[0].tokens.size());
+  EXPECT_TRUE(both[1].logprobs.empty());
+  for (size_t i = 0; i < both[0].tokens.size(); ++i) {
+    ASSERT_EQ(both[0].logprobs[i].top_size(), 3);
+    EXPECT_EQ(both[0].logprobs[i].top(0).token_id(), both[0].tokens[i]) << i;
+    EXPECT_LE(both[0].logprobs[i].logprob(), 0.0f);
+  }
+  EXPECT_TRUE(WaitPagesFree(graphs_->stub.get()));
+}
+
 TEST_F(GpuWorkerTest, SixteenInFlightEqualGenerateCuda) {
   std::vector<dsv4::v1::GenerateRequest> reqs;
   for (int i = 0; i < 16; ++i) reqs.push_back(Request(Prompt(2 + 5 * i, 100 + i), 4 + i % 5));

@@ -3,6 +3,7 @@
 // a burst needing more pages than exist completes, every bad input gets its status, SIGTERM drains.
 #include <signal.h>
 
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -88,6 +89,34 @@ TEST_F(WorkerProcessTest, ModelInfo) {
   ASSERT_TRUE(fingerprint.ok()) << fingerprint.status();
   EXPECT_EQ(info.checkpoint_fingerprint(), *fingerprint);
   EXPECT_EQ(info.checkpoint_fingerprint().rfind("fnv1a64:", 0), 0u) << info.checkpoint_fingerprint();
+}
+
+// Log-probabilities from the real model: the same greedy tokens as without them, one entry per token, the greedy
+// token the most likely one, alternatives in descending order and together at most probability 1.
+TEST_F(WorkerProcessTest, GreedyLogprobsOnTheRealModel) {
+  const auto prompt = Prompt(40, 9);
+  GenerateRequest r = Request(prompt, 8);
+  r.mutable_sampling()->set_logprobs(true);
+  r.mutable_sampling()->set_top_logprobs(4);
+  const Stream s = Generate(stub_, r);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.tokens, Reference(prompt, 8));
+  ASSERT_EQ(s.logprobs.size(), s.tokens.size());
+  for (size_t i = 0; i < s.tokens.size(); ++i) {
+    const dsv4::v1::TokenLogprob& lp = s.logprobs[i];
+    ASSERT_EQ(lp.top_size(), 4) << i;
+    EXPECT_EQ(lp.top(0).token_id(), s.tokens[i]) << i;
+    EXPECT_EQ(lp.top(0).logprob(), lp.logprob()) << i;
+    double mass = 0;
+    for (int k = 0; k < 4; ++k) {
+      if (k > 0) {
+        EXPECT_GE(lp.top(k - 1).logprob(), lp.top(k).logprob()) << i;
+      }
+      EXPECT_LE(lp.top(k).logprob(), 0.0f);
+      mass += std::exp(static_cast<double>(lp.top(k).logprob()));
+    }
+    EXPECT_LE(mass, 1.0 + 1e-5) << i;
+  }
 }
 
 TEST_F(WorkerProcessTest, GreedyEqualsGenerate) {

@@ -90,6 +90,20 @@ TEST(RequestValidation, NegativeTopK) {
   ExpectInvalid(r, "sampling.top_k", ">= 0");
 }
 
+TEST(RequestValidation, TopLogprobs) {
+  auto r = Valid();
+  r.mutable_sampling()->set_logprobs(true);
+  r.mutable_sampling()->set_top_logprobs(20);
+  EXPECT_TRUE(ValidateGenerateRequest(r, kLimits).ok());
+  r.mutable_sampling()->set_top_logprobs(21);
+  ExpectInvalid(r, "sampling.top_logprobs", "[0, 20]");
+  r.mutable_sampling()->set_top_logprobs(-1);
+  ExpectInvalid(r, "sampling.top_logprobs", "[0, 20]");
+  r.mutable_sampling()->set_top_logprobs(3);
+  r.mutable_sampling()->set_logprobs(false);
+  ExpectInvalid(r, "sampling.top_logprobs", "needs sampling.logprobs");
+}
+
 TEST(RequestValidation, MinPOutsideRange) {
   auto r = Valid();
   r.mutable_sampling()->set_min_p(1.5f);

@@ -35,6 +35,7 @@ Stream Generate(dsv4::v1::Worker::Stub* stub, const dsv4::v1::GenerateRequest& r
   dsv4::v1::GenerateResponse msg;
   while (reader->Read(&msg)) {
     for (int32_t t : msg.token_ids()) s.tokens.push_back(t);
+    for (const auto& lp : msg.logprobs()) s.logprobs.push_back(lp);
     s.last = msg;
   }
   s.status = reader->Finish();

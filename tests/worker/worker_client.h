@@ -14,6 +14,7 @@ namespace dsv4::worker::testing {
 
 struct Stream {
   std::vector<int32_t> tokens;
+  std::vector<dsv4::v1::TokenLogprob> logprobs;  // sampling.logprobs: one per token
   dsv4::v1::GenerateResponse last;
   grpc::Status status;
 };
