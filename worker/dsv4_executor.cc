@@ -87,6 +87,10 @@ class Dsv4Executor final : public ModelExecutor {
   }
 
   bool SamplesInStep() const override { return true; }
+  bool StepLogitsAvailable() const override { return true; }
+  absl::Status CopyStepLogits(std::span<const int> rows, float* out) override {
+    return model_->CopyLogitRows(rows, out);
+  }
   absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
                              int32_t* tokens) override {
     if (runner_ != nullptr && DecodeOnly(chunks) && runner_->BucketFor(static_cast<int64_t>(chunks.size())) > 0) {

@@ -264,12 +264,15 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
                       .start_pos = c.start});
   }
   // Sampling inside the step (the executor's Sample op: token ids come back, logits stay on the device), or on
-  // the host from the returned logits; the same token either way (one reference sampler, worker/sampler.h). A
-  // step with a request that asked for log-probabilities takes the logits path: they leave the device only then.
-  const bool wants_logprobs = std::any_of(plan.begin(), plan.end(), [](const ScheduledChunk& c) {
-    return c.samples && c.request->logprobs;
-  });
-  const bool in_step = executor_->SamplesInStep() && !wants_logprobs;
+  // the host from the returned logits; the same token either way (one reference sampler, worker/sampler.h). The
+  // rows of requests that asked for log-probabilities are copied off after the step (CopyStepLogits) - only
+  // theirs; an executor that cannot do that runs the step on the logits path instead.
+  std::vector<int> logprob_rows;  // chunk indices
+  for (size_t i = 0; i < plan.size(); ++i) {
+    if (plan[i].samples && plan[i].request->logprobs) logprob_rows.push_back(static_cast<int>(i));
+  }
+  const bool in_step =
+      executor_->SamplesInStep() && (logprob_rows.empty() || executor_->StepLogitsAvailable());
   if (in_step) {
     sample_params_.resize(plan.size());
     sampled_.assign(plan.size(), -1);
@@ -287,8 +290,12 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
     logits_.resize(plan.size() * static_cast<size_t>(vocab));
   }
   if (phase_timer_ != nullptr) phase_timer_->BeginStep();
-  const absl::Status status = in_step ? executor_->ForwardSample(chunks, sample_params_, sampled_.data())
-                                      : executor_->Forward(chunks, logits_.data());
+  absl::Status status = in_step ? executor_->ForwardSample(chunks, sample_params_, sampled_.data())
+                                : executor_->Forward(chunks, logits_.data());
+  if (status.ok() && in_step && !logprob_rows.empty()) {
+    logits_.resize(logprob_rows.size() * static_cast<size_t>(vocab));
+    status = executor_->CopyStepLogits(logprob_rows, logits_.data());
+  }
   if (phase_timer_ != nullptr) phase_timer_->EndStep();
   if (!status.ok()) {
     DSV4_LOG_ERROR("forward failed for a batch of {}: {}", plan.size(), status.ToString());
@@ -319,7 +326,12 @@ void Engine::RunStep(const std::vector<ScheduledChunk>& plan) {
       continue;
     }
     if (r->logprobs) {
-      r->last_logprob = TokenLogprobOf(std::span<const float>(logits_.data() + i * vocab, vocab), token,
+      // Its logits row: row i of the step's logits, or its place among the rows copied after a sampled step.
+      const size_t row = in_step ? static_cast<size_t>(std::lower_bound(logprob_rows.begin(), logprob_rows.end(),
+                                                                        static_cast<int>(i)) -
+                                                       logprob_rows.begin())
+                                 : i;
+      r->last_logprob = TokenLogprobOf(std::span<const float>(logits_.data() + row * vocab, vocab), token,
                                        r->top_logprobs);
     }
     AfterSample(r, token, &done);

@@ -59,6 +59,11 @@ class LockstepLeader final : public ModelExecutor {
   absl::Status Forward(std::span<const SeqChunk> chunks, float* logits) override;
   // The leader samples; followers run the same step with Forward (the Sample op has no collectives).
   bool SamplesInStep() const override { return local_->SamplesInStep(); }
+  // The leader's own step (its gathered, full-vocabulary logits): no collective, nothing for the followers.
+  bool StepLogitsAvailable() const override { return local_->StepLogitsAvailable(); }
+  absl::Status CopyStepLogits(std::span<const int> rows, float* out) override {
+    return local_->CopyStepLogits(rows, out);
+  }
   absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
                              int32_t* tokens) override;
   // Broadcast like the steps: every rank captures the same buckets (and so pads decode steps alike).

@@ -85,6 +85,13 @@ class ModelExecutor {
                                      int32_t* tokens) {
     return absl::UnimplementedError("this executor does not sample inside the step");
   }
+  // After ForwardSample: copies the raw last-token logits of chunks `rows` (indices into that step's chunks) to
+  // out[j * vocab_size] - for the requests that asked for log-probabilities, so only their rows leave the device
+  // and every token stays the one drawn in the step. StepLogitsAvailable says whether this executor can.
+  virtual bool StepLogitsAvailable() const { return false; }
+  virtual absl::Status CopyStepLogits(std::span<const int> rows, float* out) {
+    return absl::UnimplementedError("this executor cannot copy a sampled step's logits");
+  }
 
   // What the backend holds (and the device's memory); the default reports nothing (a fake executor).
   virtual ExecutorMemory Memory() { return {}; }

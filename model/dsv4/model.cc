@@ -534,6 +534,21 @@ absl::Status Dsv4Model::FinishStepTokens(int32_t* tokens, int64_t rows) {
   return m.tp_status;
 }
 
+absl::Status Dsv4Model::CopyLogitRows(std::span<const int> rows, float* out) {
+  Impl& m = *impl_;
+  if (!rows.empty() && out == nullptr) return absl::InvalidArgumentError("CopyLogitRows: out is null");
+  const int64_t v = m.config.vocab_size;
+  const float* device = (m.shard != nullptr ? m.ws.logits_full : m.ws.logits).as<const float>();
+  for (size_t j = 0; j < rows.size(); ++j) {
+    if (rows[j] < 0 || rows[j] >= m.ws.head_rows) {
+      return absl::InvalidArgumentError(absl::StrCat("CopyLogitRows: row ", rows[j], " out of [0, ", m.ws.head_rows,
+                                                     ")"));
+    }
+    DSV4_RETURN_IF_ERROR(m.backend->CopyToHost(out + j * v, device + rows[j] * v, v * 4));
+  }
+  return m.backend->Synchronize();
+}
+
 absl::Status Dsv4Model::Forward(std::span<const SeqChunk> chunks, float* logits) {
   if (logits == nullptr) return absl::InvalidArgumentError("Forward: logits is null");
   return RunForward(*impl_, chunks, false, logits);

@@ -133,6 +133,9 @@ class Dsv4Model {
   absl::Status EnqueueStep(const StepShape& shape, bool sample = false);
   absl::Status FinishStep(float* logits, int64_t rows);
   absl::Status FinishStepTokens(int32_t* tokens, int64_t rows);
+  // After FinishStepTokens: the raw logits of logit rows `rows` of that step ([rows.size(), vocab_size]; the
+  // Sample op reads the logits without changing them), copied to the host and waited for.
+  absl::Status CopyLogitRows(std::span<const int> rows, float* out);
   // The planned step capacity (AllocateCache): tokens and sequences of the largest StepShape.
   int64_t max_step_tokens() const;
   int64_t max_step_seqs() const;

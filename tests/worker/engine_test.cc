@@ -353,9 +353,9 @@ TEST(Engine, DrainFinishesInFlightAndRefusesNew) {
 }
 
 // Log-probabilities: every streamed token (the final one included) carries log-softmax(logits)[token] of the
-// model's raw distribution and the top alternatives, checked against the fake's reference logits; on an executor
-// that samples inside the step the step falls back to host sampling for them and the tokens stay the reference's,
-// also for a request in the same batch that did not ask.
+// model's raw distribution and the top alternatives, checked against the fake's reference logits. On an executor
+// that samples inside the step, every step stays a sampled one and only the asking rows' logits are copied off
+// (CopyStepLogits); the tokens stay the reference's, also for a request in the same batch that did not ask.
 class LogprobSink : public RequestSink {
  public:
   void OnResponse(dsv4::v1::GenerateResponse r, bool last) override {
@@ -394,6 +394,10 @@ void CheckLogprobs(bool sample_in_step) {
     sink->Wait();
     plain->Wait();
     EXPECT_EQ(plain->tokens(), ReferenceGenerate(h.spec, AsReference(without)));
+    if (sample_in_step) {
+      EXPECT_GT(h.fake->sampled_steps.load(), 0);
+      EXPECT_EQ(h.fake->logits_steps.load(), 0) << "a step left the in-step sampling path for log-probabilities";
+    }
     const std::vector<int32_t> expected = ReferenceGenerate(h.spec, AsReference(with));
     ASSERT_EQ(sink->tokens_, expected);
     ASSERT_EQ(sink->logprobs_.size(), expected.size());

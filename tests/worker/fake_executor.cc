@@ -104,7 +104,18 @@ absl::StatusOr<uint64_t> FakeExecutor::Digest(const BlockTables& t, int64_t last
   return Combine(compressed, window, state_.at(t.state_slot));
 }
 
+absl::Status FakeExecutor::CopyStepLogits(std::span<const int> rows, float* out) {
+  for (size_t j = 0; j < rows.size(); ++j) {
+    if (rows[j] < 0 || (rows[j] + 1) * static_cast<size_t>(spec_.vocab_size) > step_logits_.size()) {
+      return absl::InvalidArgumentError("fake: CopyStepLogits row out of the last step");
+    }
+    std::copy_n(step_logits_.data() + rows[j] * spec_.vocab_size, spec_.vocab_size, out + j * spec_.vocab_size);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FakeExecutor::Forward(std::span<const SeqChunk> chunks, float* logits) {
+  logits_steps.fetch_add(1);
   if (fail_forwards.load() > 0) {
     fail_forwards.fetch_sub(1);
     return absl::InternalError("fake: injected forward failure");
@@ -127,8 +138,11 @@ absl::Status FakeExecutor::ForwardSample(std::span<const SeqChunk> chunks,
                                          std::span<const kernels::SampleParams> sampling, int32_t* tokens) {
   if (!spec_.sample_in_step) return ModelExecutor::ForwardSample(chunks, sampling, tokens);
   if (sampling.size() != chunks.size()) return absl::InvalidArgumentError("fake: one sampling row per chunk");
-  std::vector<float> logits(chunks.size() * spec_.vocab_size);
+  std::vector<float>& logits = step_logits_;
+  logits.assign(chunks.size() * spec_.vocab_size, 0.f);
   DSV4_RETURN_IF_ERROR(Forward(chunks, logits.data()));
+  logits_steps.fetch_sub(1);  // Forward counted itself; this is a sampled step
+  sampled_steps.fetch_add(1);
   std::vector<uint64_t> scratch(spec_.vocab_size);
   for (size_t i = 0; i < chunks.size(); ++i) {
     const std::span<const float> row(logits.data() + i * spec_.vocab_size, spec_.vocab_size);

@@ -41,11 +41,14 @@ class FakeExecutor final : public ModelExecutor {
   bool SamplesInStep() const override { return spec_.sample_in_step; }
   absl::Status ForwardSample(std::span<const SeqChunk> chunks, std::span<const kernels::SampleParams> sampling,
                              int32_t* tokens) override;
+  bool StepLogitsAvailable() const override { return spec_.sample_in_step; }
+  absl::Status CopyStepLogits(std::span<const int> rows, float* out) override;
 
   // Test hooks (set before or while the engine runs).
   std::atomic<int> fail_forwards{0};       // the next N Forward calls fail with INTERNAL
   std::atomic<int64_t> step_delay_us{0};   // sleep per Forward, to keep requests in flight
   std::atomic<int> max_chunks_seen{0};
+  std::atomic<int> sampled_steps{0}, logits_steps{0};  // ForwardSample / Forward calls from the engine
 
  private:
   absl::Status Token(const BlockTables& t, int32_t token, int64_t pos);
@@ -57,6 +60,7 @@ class FakeExecutor final : public ModelExecutor {
   int page_rows_ = 0;
   std::array<std::vector<uint64_t>, kNumPools> store_;
   std::vector<uint64_t> state_;
+  std::vector<float> step_logits_;  // the last ForwardSample's logits (CopyStepLogits)
 };
 
 // The logits the fake gives after tokens[0..n) (n >= 1).
