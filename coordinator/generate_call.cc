@@ -281,9 +281,10 @@ void GenerateCall::OnChunk(Attempt* attempt, const GenerateResponse& chunk) {
     }
     if (chunk.logprobs_size() == n) {
       for (const dsv4::v1::TokenLogprob& lp : chunk.logprobs()) pending_logprobs_.push_back(lp);
-    } else if (request_.sampling().logprobs() && n > 0) {
-      // Only a worker that does not know the field (another version) sends tokens without them.
-      DSV4_LOG_WARN("req={} group {} sent {} tokens with {} logprobs; forwarding the tokens without",
+    } else if (request_.sampling().logprobs() && n > 0 && !logprobs_warned_) {
+      // Only a worker that does not know the field (another version) sends tokens without them; said once.
+      logprobs_warned_ = true;
+      DSV4_LOG_WARN("req={} group {} sent {} tokens with {} logprobs; forwarding its tokens without",
                     request_.request_id(), attempt->group().address, n, chunk.logprobs_size());
     }
     attempt->tokens += n;

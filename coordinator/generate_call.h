@@ -121,6 +121,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   std::optional<std::string> stream_checkpoint_ ABSL_GUARDED_BY(mu_);
   std::vector<int32_t> pending_ ABSL_GUARDED_BY(mu_);    // received, not yet handed to a write
   std::vector<dsv4::v1::TokenLogprob> pending_logprobs_ ABSL_GUARDED_BY(mu_);  // theirs (sampling.logprobs)
+  bool logprobs_warned_ ABSL_GUARDED_BY(mu_) = false;
   // Shared with the watchdog (weakly), which may hold one for the length of an Abandon.
   std::vector<std::shared_ptr<Attempt>> attempts_ ABSL_GUARDED_BY(mu_);
   Attempt* current_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -13,11 +13,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/support/client_callback.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
 
@@ -183,11 +185,28 @@ void GroupPool::WatchLoop() {
   }
 }
 
-// One poll of one group: its RPCs' answers. The RPCs' callbacks apply it when the last one ends, so each group's
-// poll ends on its own: a group that hangs until the health deadline does not hold up the others' polls. The pool
+// One poll of one group: its RPCs' answers. The last RPC to end applies it (FinishPoll), so each group's poll ends
+// on its own: a group that hangs until the health deadline does not hold up the others' polls. The pool
 // owns it and frees it on the watcher thread (or in the destructor): its ClientContexts hold the channel, and a
 // channel must never be destroyed on a gRPC callback thread (that can join the thread itself: grpc/grpc#37858).
+// Each RPC is a ClientUnaryReactor rather than a callback: gRPC drops its own reference to the call before
+// OnDone, whereas a plain callback's call is unreferenced after it returns - by then the watcher may have freed
+// the poll, and the callback thread would let go of the channel's last reference.
 struct GroupPool::Poll {
+  class Rpc final : public grpc::ClientUnaryReactor {
+   public:
+    Rpc(Poll* poll, grpc::Status* status) : poll_(poll), status_(status) {}
+    void OnDone(const grpc::Status& s) override {
+      *status_ = s;
+      if (--poll_->pending == 0) poll_->pool->FinishPoll(*poll_);
+    }
+
+   private:
+    Poll* poll_;
+    grpc::Status* status_;
+  };
+
+  GroupPool* pool = nullptr;
   std::shared_ptr<Group> group;
   absl::Time started;
   grpc::ClientContext load_ctx, info_ctx;
@@ -196,8 +215,9 @@ struct GroupPool::Poll {
   dsv4::v1::GetLoadResponse load;
   dsv4::v1::GetModelInfoResponse info;
   grpc::Status load_status, info_status;
+  Rpc load_rpc{this, &load_status}, info_rpc{this, &info_status};
   std::atomic<int> pending{2};
-  bool done = false;  // guarded by the pool's mu_: the callbacks are finished with it
+  bool done = false;  // guarded by the pool's mu_: both RPCs are finished with it
 };
 
 void GroupPool::PollOnce(bool wait) {
@@ -229,6 +249,7 @@ void GroupPool::PollOnce(bool wait) {
       if (g->polling) continue;  // its last poll is still waiting for an answer (at most the health deadline)
       g->polling = true;
       auto p = std::make_unique<Poll>();
+      p->pool = this;
       p->group = g;
       started_polls.push_back(p.get());
       polls_.push_back(std::move(p));
@@ -241,15 +262,11 @@ void GroupPool::PollOnce(bool wait) {
     p->started = started;
     // GetModelInfo every time, not once: a leader restarted at the same address may serve another checkpoint.
     p->load_ctx.set_deadline(deadline);
-    p->group->stub->async()->GetLoad(&p->load_ctx, &p->load_req, &p->load, [this, p](grpc::Status s) {
-      p->load_status = std::move(s);
-      if (--p->pending == 0) FinishPoll(*p);
-    });
+    p->group->stub->async()->GetLoad(&p->load_ctx, &p->load_req, &p->load, &p->load_rpc);
     p->info_ctx.set_deadline(deadline);
-    p->group->stub->async()->GetModelInfo(&p->info_ctx, &p->info_req, &p->info, [this, p](grpc::Status s) {
-      p->info_status = std::move(s);
-      if (--p->pending == 0) FinishPoll(*p);
-    });
+    p->group->stub->async()->GetModelInfo(&p->info_ctx, &p->info_req, &p->info, &p->info_rpc);
+    p->load_rpc.StartCall();
+    p->info_rpc.StartCall();
   }
   if (wait) {
     absl::MutexLock lock(&mu_);
@@ -448,20 +465,28 @@ std::string GroupPool::NotReadySummary() const {
 }
 
 std::string GroupPool::NotReadySummaryLocked() const {
-  constexpr int kShown = 3;
-  std::string out;
-  int shown = 0, more = 0;
+  // Counts by kind only: the message goes to gateway clients, which have no business with worker addresses or
+  // transport errors (the coordinator's log names each group and why when it stops being ready).
+  absl::flat_hash_map<std::string, int> kinds;
   for (const auto& g : groups_) {
     if (g->ready()) continue;
-    if (shown == kShown) {
-      ++more;
-      continue;
+    std::string kind = "not ready";
+    if (!g->answered) {
+      kind = g->why.rfind("GetLoad", 0) == 0 || g->why == "not polled yet" ? "not answering its health poll"
+                                                                         : "down after a failed stream";
+    } else if (g->stalled) {
+      kind = "engine stalled";
+    } else if (g->load.draining()) {
+      kind = "draining";
+    } else if (!g->model.has_value()) {
+      kind = "model unknown";
     }
-    absl::StrAppend(&out, shown == 0 ? ": " : "; ", g->address, " ", g->why);
-    ++shown;
+    ++kinds[kind];
   }
-  if (more > 0) absl::StrAppend(&out, "; and ", more, " more");
-  return out;
+  std::vector<std::string> parts;
+  for (const auto& [kind, n] : kinds) parts.push_back(absl::StrCat(n, " ", kind));
+  std::sort(parts.begin(), parts.end());
+  return parts.empty() ? "" : absl::StrCat(": ", absl::StrJoin(parts, ", "));
 }
 
 int GroupPool::ReadyCheckpoints() const {

@@ -110,7 +110,8 @@ class GroupPool {
   std::optional<dsv4::v1::GetModelInfoResponse> ModelInfo() const;
   // Distinct checkpoints among the ready groups (1 normally; more during a rolling upgrade or by mistake).
   int ReadyCheckpoints() const;
-  // Why groups are not ready, for an UNAVAILABLE message: ": ADDR WHY; ADDR WHY; and N more" ("" when all are).
+  // Why groups are not ready, for an UNAVAILABLE message to clients, counted by kind without addresses:
+  // ": 1 engine stalled, 2 not answering its health poll" ("" when all are ready).
   std::string NotReadySummary() const;
   std::vector<GroupStatus> Snapshot() const;
   int ReadyCount() const;

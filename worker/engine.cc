@@ -123,7 +123,7 @@ dsv4::v1::GetLoadResponse Engine::GetLoad() const {
   dsv4::v1::GetLoadResponse load = load_;
   // Stalled = work the loop has not moved: it is inside a step, or was handed work and has not woken. A loop asleep
   // with nothing new to do is not stalled even if requests wait (nothing can be scheduled until one ends).
-  const bool busy = load_.running() > 0 || waiting_in_scheduler_ > 0 || !inbox_.empty();
+  const bool busy = step_in_flight_ || load_.running() > 0 || waiting_in_scheduler_ > 0 || !inbox_.empty();
   if (busy && (!sleeping_ || !inbox_.empty())) {
     load.set_seconds_since_progress(absl::ToDoubleSeconds(absl::Now() - progress_at_));
   }
@@ -171,6 +171,13 @@ void Engine::Loop() {
     for (uint64_t h : cancels) Finish(h, RequestState::kAborted, dsv4::v1::FINISH_REASON_ABORT, "cancelled");
     CheckDrain(false);
     const std::vector<ScheduledChunk> plan = scheduler_.Schedule();
+    {
+      // What Submit's queue bound and GetLoad's heartbeat see while this step runs: the scheduler's real queue
+      // (admitted requests no longer wait) and that a step is in flight.
+      absl::MutexLock lock(&mu_);
+      waiting_in_scheduler_ = scheduler_.num_waiting();
+      step_in_flight_ = !plan.empty();
+    }
     idle = plan.empty();
     const absl::Time t0 = absl::Now();
     if (!plan.empty()) RunStep(plan);
@@ -244,6 +251,7 @@ void Engine::PublishLoad(double step_seconds) {
   waiting_in_scheduler_ = scheduler_.num_waiting();
   if (step_seconds > 0) ++steps_;
   progress_at_ = absl::Now();
+  step_in_flight_ = false;
   preemptions_ = scheduler_.preemptions();
   load_ = std::move(load);
 }

@@ -116,6 +116,7 @@ class Engine {
   // or was handed work while it slept (so an idle hour is not a stall).
   absl::Time progress_at_ ABSL_GUARDED_BY(mu_) = absl::Now();
   bool sleeping_ ABSL_GUARDED_BY(mu_) = false;  // the loop waits for work
+  bool step_in_flight_ ABSL_GUARDED_BY(mu_) = false;  // from Schedule to the step's PublishLoad
   int64_t steps_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t preemptions_ ABSL_GUARDED_BY(mu_) = 0;
 
