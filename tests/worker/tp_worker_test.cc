@@ -139,6 +139,48 @@ TEST_F(TpWorkerTest, World2And4StreamWorld1GreedyTokens) {
   }
 }
 
+// Log-probabilities from a world-2 group (the leader copies its gathered, full-vocabulary logit rows after the
+// sampled step): the same tokens and, to float rounding of a differently summed forward, the same log-probs and
+// alternatives as a world-1 worker.
+TEST_F(TpWorkerTest, World2LogprobsMatchWorld1) {
+  dsv4::v1::GenerateRequest r = Request(GoldenPrompt(), 6);
+  r.mutable_sampling()->set_logprobs(true);
+  r.mutable_sampling()->set_top_logprobs(3);
+  auto stream = [&](dsv4::v1::Worker::Stub* stub, std::vector<int32_t>* tokens,
+                    std::vector<dsv4::v1::TokenLogprob>* logprobs) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = stub->Generate(&ctx, r);
+    dsv4::v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      tokens->insert(tokens->end(), msg.token_ids().begin(), msg.token_ids().end());
+      logprobs->insert(logprobs->end(), msg.logprobs().begin(), msg.logprobs().end());
+    }
+    return reader->Finish();
+  };
+  std::vector<int32_t> want_tokens, got_tokens;
+  std::vector<dsv4::v1::TokenLogprob> want, got;
+  {
+    std::string address;
+    auto one = StartWorker(*dir_, Flags(1, 1, 0), &address);
+    ASSERT_TRUE(one.ok()) << one.status();
+    auto stub = dsv4::v1::Worker::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    ASSERT_TRUE(stream(stub.get(), &want_tokens, &want).ok());
+  }
+  auto group = StartGroup(2);
+  ASSERT_TRUE(group.ok()) << group.status();
+  const grpc::Status s = stream(group->stub.get(), &got_tokens, &got);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(got_tokens, want_tokens);
+  ASSERT_EQ(got.size(), got_tokens.size());
+  ASSERT_EQ(want.size(), want_tokens.size());
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    EXPECT_NEAR(got[i].logprob(), want[i].logprob(), 1e-3) << i;
+    ASSERT_EQ(got[i].top_size(), 3);
+    EXPECT_EQ(got[i].top(0).token_id(), want[i].top(0).token_id()) << i;
+  }
+}
+
 TEST_F(TpWorkerTest, FollowerKilledMidStreamEndsStreamUnavailableAndLeaderNotServing) {
   auto group = StartGroup(2);
   ASSERT_TRUE(group.ok()) << group.status();
