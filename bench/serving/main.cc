@@ -36,6 +36,8 @@ ABSL_FLAG(double, random_range_ratio, 1.0, "lengths uniform in [len * ratio, len
 ABSL_FLAG(std::string, concurrency, "1", "max requests in flight; a comma list runs a sweep, e.g. 1,4,16");
 ABSL_FLAG(double, request_rate, 0, "Poisson arrival rate (requests/s); 0 = as fast as --concurrency allows");
 ABSL_FLAG(double, temperature, 0, "sampling temperature (0 = greedy)");
+ABSL_FLAG(int, logprobs, -1,
+          ">= 0: every request asks for log-probabilities with this many alternatives (0..20), to measure their cost");
 ABSL_FLAG(uint64_t, seed, 1, "workload, arrival and sampling seed");
 ABSL_FLAG(int, warmup, 1, "requests sent (and not measured) before the first sweep point");
 ABSL_FLAG(std::string, output_json, "", "also write the JSON report here");
@@ -126,6 +128,7 @@ int main(int argc, char** argv) {
               info.total_groups(), requests->size());
 
   dsv4::bench::RunOptions run{.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature)),
+                              .top_logprobs = absl::GetFlag(FLAGS_logprobs),
                               .seed = absl::GetFlag(FLAGS_seed)};
   if (const int w = absl::GetFlag(FLAGS_warmup); w > 0) {
     std::vector<dsv4::bench::BenchRequest> warm(requests->begin(), requests->begin() + std::min<size_t>(w, requests->size()));

@@ -108,6 +108,10 @@ std::vector<RequestRecord> RunBenchmark(dsv4::v1::Coordinator::Stub& stub, const
     s->set_max_new_tokens(requests[i].output_len);
     s->set_ignore_eos(true);  // every request produces exactly output_len tokens, as sglang's random dataset
     s->set_temperature(options.temperature);
+    if (options.top_logprobs >= 0) {
+      s->set_logprobs(true);
+      s->set_top_logprobs(options.top_logprobs);
+    }
     s->set_seed(options.seed * 1000003 + i);
     (new BenchCall(&tracker, i, std::move(req), options.request_timeout))->Start(stub);
   }

@@ -20,6 +20,7 @@ struct RunOptions {
   int concurrency = 1;        // max requests in flight
   double request_rate = 0;    // Poisson arrivals per second; 0 = send as soon as a slot frees
   float temperature = 0;      // 0 = greedy
+  int top_logprobs = -1;      // >= 0: every request asks for log-probabilities with this many alternatives
   uint64_t seed = 1;          // arrival times and per-request sampling seeds
   absl::Duration request_timeout = absl::Minutes(10);
 };
