@@ -163,6 +163,8 @@ ServingMetrics::ServingMetrics(prometheus::Registry& r, const Labels& labels, Se
   if (series == SeriesSet::kCoordinator) return;  // no engine: the series below would stay 0
 
   batch_size_ = MakeHistogram(r, "dsv4_decode_batch_size", "Sequences per decode step.", base, BatchSizeBuckets());
+  engine_heartbeat_ = MakeGauge(r, "dsv4_engine_seconds_since_progress",
+                                "Seconds since the engine last finished a step while it has work (0 idle).", base);
   auto& phases = prometheus::BuildCounter()
                      .Name("dsv4_decode_gpu_seconds_total")
                      .Help("Decode time by phase (CUDA events on sampled steps; monotonic clock on CPU).")
@@ -192,6 +194,9 @@ ServingMetrics::ServingMetrics(prometheus::Registry& r, const Labels& labels, Se
 void ServingMetrics::SetRunning(int n) { running_->Set(n); }
 void ServingMetrics::SetWaiting(int n) { waiting_->Set(n); }
 void ServingMetrics::SetKvUsage(double ratio) { kv_usage_->Set(ratio); }
+void ServingMetrics::SetEngineHeartbeat(double seconds) {
+  if (engine_heartbeat_ != nullptr) engine_heartbeat_->Set(seconds);
+}
 void ServingMetrics::ObserveBatchSize(int b) {
   if (batch_size_ != nullptr) batch_size_->Observe(b);
 }

@@ -84,6 +84,9 @@ class ServingMetrics {
   void SetWaiting(int n);        // dsv4_num_requests_waiting
   void SetKvUsage(double ratio);  // dsv4_kv_cache_usage_ratio, 0..1
   void ObserveBatchSize(int b);  // dsv4_decode_batch_size, one observation per decode step
+  // dsv4_engine_seconds_since_progress: the engine heartbeat (GetLoadResponse.seconds_since_progress), sampled
+  // twice a second by the worker's StallWatch; 0 when idle.
+  void SetEngineHeartbeat(double seconds);
 
   // dsv4_prompt_tokens_total: prompt tokens prefilled, counted when a request's first token is sampled (worker)
   // or arrives (coordinator). A worker counts the prompt it was sent (after a failover: the original prompt plus
@@ -121,6 +124,7 @@ class ServingMetrics {
   prometheus::Gauge* waiting_;
   prometheus::Gauge* kv_usage_;
   prometheus::Histogram* batch_size_ = nullptr;  // engine series: null for SeriesSet::kCoordinator
+  prometheus::Gauge* engine_heartbeat_ = nullptr;  // engine series
   prometheus::Counter* prompt_tokens_;
   prometheus::Counter* generation_tokens_;
   prometheus::Histogram* ttft_;

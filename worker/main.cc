@@ -384,14 +384,19 @@ int Run(const WorkerOptions& o, const sigset_t& signals) {
   }
   DSV4_LOG_INFO("SERVING {}", ready.substr(0, ready.size() - 1));
   std::optional<StallWatch> stall_watch;
-  if (o.stall_timeout_s > 0) {
-    stall_watch.emplace([&engine] { return engine.GetLoad().seconds_since_progress(); },
-                        absl::Seconds(o.stall_timeout_s), [server](double stalled_s) {
-                          DSV4_LOG_ERROR("engine made no progress for {:.1f} s with requests waiting (--stall-timeout): "
-                                         "health NOT_SERVING, for a liveness probe to restart this worker",
-                                         stalled_s);
-                          server->GetHealthCheckService()->SetServingStatus(false);
-                        });
+  if (o.stall_timeout_s > 0 || serving_metrics != nullptr) {
+    metrics::ServingMetrics* m = serving_metrics.get();
+    stall_watch.emplace(
+        [&engine] { return engine.GetLoad().seconds_since_progress(); }, absl::Seconds(o.stall_timeout_s),
+        [server](double stalled_s) {
+          DSV4_LOG_ERROR("engine made no progress for {:.1f} s with requests waiting (--stall-timeout): health "
+                         "NOT_SERVING, for a liveness probe to restart this worker",
+                         stalled_s);
+          server->GetHealthCheckService()->SetServingStatus(false);
+        },
+        absl::Milliseconds(500), [m](double s) {
+          if (m != nullptr) m->SetEngineHeartbeat(s);
+        });
   }
 
   int sig = 0;

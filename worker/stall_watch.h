@@ -15,8 +15,11 @@ namespace dsv4::worker {
 
 class StallWatch {
  public:
+  // timeout <= 0: never fires (the watch then only feeds on_sample, e.g. a heartbeat gauge). on_sample (may be
+  // empty) gets every reading.
   StallWatch(std::function<double()> seconds_since_progress, absl::Duration timeout,
-             std::function<void(double stalled_s)> on_stall, absl::Duration period = absl::Milliseconds(500));
+             std::function<void(double stalled_s)> on_stall, absl::Duration period = absl::Milliseconds(500),
+             std::function<void(double seconds)> on_sample = nullptr);
   ~StallWatch();  // stops and joins
   StallWatch(const StallWatch&) = delete;
   StallWatch& operator=(const StallWatch&) = delete;
@@ -26,6 +29,8 @@ class StallWatch {
   const std::function<double()> seconds_since_progress_;
   const absl::Duration timeout_, period_;
   const std::function<void(double)> on_stall_;
+  const std::function<void(double)> on_sample_;
+  bool fired_ = false;  // watch thread only
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;

@@ -40,6 +40,8 @@ PANELS = [
      [(f'sum by (group) (dsv4_num_requests_running{{{LEAD}}})', "running {{group}}"),
       (f'sum by (group) (dsv4_num_requests_waiting{{{LEAD}}})', "waiting {{group}}"),
       (f'sum(dsv4_num_requests_waiting{{{C}}})', "waiting (coordinator)")], "timeseries"),
+    ("Engine heartbeat: seconds without a finished step while busy", "s",
+     [(f'dsv4_engine_seconds_since_progress{{{W}}}', "group {{group}} rank {{rank}}")], "timeseries"),
     ("Attention share of decode time", "percentunit",
      [(f'dsv4_attention_time_share{{{W}}}', "group {{group}} rank {{rank}}")], "gauge"),
     ("Decode time share by phase", "percentunit",

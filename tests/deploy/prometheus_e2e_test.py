@@ -235,6 +235,9 @@ class PrometheusEndToEndTest(unittest.TestCase):
         self.assertEqual(len(got), 2, "attention share in (0, 1) for both groups")
         got = prom_query(base, 'dsv4_startup_weight_load_bytes{role="worker"} > 0')
         self.assertEqual(len(got), 2, "weight-load bytes reported by both workers")
+        # The engine heartbeat reaches Prometheus from both workers, and idle engines are not stalled.
+        got = prom_query(base, 'dsv4_engine_seconds_since_progress{role="worker"} < 60')
+        self.assertEqual(len(got), 2, "engine heartbeat from both workers")
         if BACKEND == "cuda":
             # The phase series above came from CUDA events on the GPU workers' streams: each worker says which
             # timer it made, and only a GPU worker captures graphs.

@@ -32,6 +32,22 @@ TEST(StallWatch, FiresOnceWhenTheHeartbeatPassesTheTimeout) {
   EXPECT_EQ(fired.load(), 1) << "fires once";
 }
 
+TEST(StallWatch, WithoutATimeoutItOnlySamples) {
+  std::atomic<int> fired{0}, samples{0};
+  std::atomic<double> last{-1};
+  {
+    StallWatch watch([] { return 1e6; }, absl::ZeroDuration(), [&](double) { ++fired; }, absl::Milliseconds(5),
+                     [&](double s) {
+                       last = s;
+                       ++samples;
+                     });
+    absl::SleepFor(absl::Milliseconds(60));
+  }
+  EXPECT_EQ(fired.load(), 0) << "no timeout: never fires";
+  EXPECT_GE(samples.load(), 3);
+  EXPECT_EQ(last.load(), 1e6);
+}
+
 TEST(StallWatch, DestroyedBeforeAStallNeverFires) {
   std::atomic<int> fired{0};
   {
