@@ -97,6 +97,27 @@ struct LinearArgs {
   int64_t x_stride = 0, y_stride = 0;  // elements; 0 = dense
 };
 
+// Several linears over one input, as one op (the projections a layer computes from the same x: wq_a, wkv and the
+// compressor and indexer projections from the normed hidden state; wq_b and the indexer's wq_b from c_q). For
+// i < count:  out[i].y[t, n] = sum_k x[t, k] * out[i].w[n, k]. Every weight has the same Kin (N and format may
+// differ); groups are 1. Each output equals what
+//   Linear({.w = out[i].w, .x = x, .y = out[i].y, .t = t, .x_stride = x_stride, .y_stride = out[i].y_stride})
+// gives on the same backend up to the summation order of its fp32 sums: the CPU backend runs exactly those calls
+// (bit for bit), a device backend may run all of them in one launch. The outputs must not overlap x or each other.
+inline constexpr int kMaxFusedLinears = 8;
+struct FusedLinearOut {
+  const LinearWeight* w = nullptr;  // [N_i, Kin]
+  float* y = nullptr;               // [T, N_i], row stride y_stride
+  int64_t y_stride = 0;             // elements; 0 = N_i
+};
+struct FusedLinearArgs {
+  ActView x;                        // [T, Kin], row stride x_stride
+  int64_t t = 0;
+  int64_t x_stride = 0;             // elements; 0 = Kin
+  int count = 0;                    // 0..kMaxFusedLinears
+  FusedLinearOut out[kMaxFusedLinears] = {};
+};
+
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * (w or 1) for r < rows; out may alias x.
 struct RmsNormArgs {
   const float* x = nullptr;  // [rows, dim]
@@ -328,6 +349,7 @@ class Ops {
   virtual ~Ops() = default;
   virtual void Embed(const EmbedArgs& a) = 0;
   virtual void Linear(const LinearArgs& a) = 0;
+  virtual void FusedLinear(const FusedLinearArgs& a) = 0;
   virtual void RmsNorm(const RmsNormArgs& a) = 0;
   virtual void Rope(const RopeArgs& a) = 0;
   virtual void HcPre(const HcPreArgs& a) = 0;

@@ -156,6 +156,26 @@ void CpuOps::Linear(const LinearArgs& a) {
   });
 }
 
+// The reference of the fused op is the loop of single linears it stands for (ops.h), so each output is the same
+// bits as its own Linear call.
+void CpuOps::FusedLinear(const FusedLinearArgs& a) {
+  if (a.count < 0 || a.count > kMaxFusedLinears || a.x.data == nullptr) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("FusedLinear: needs x and 0..", kMaxFusedLinears, " outputs, got ", a.count)));
+  }
+  for (int i = 0; i < a.count; ++i) {
+    const LinearWeight* w = a.out[i].w;
+    if (w == nullptr || a.out[i].y == nullptr || w->k() != a.out[0].w->k()) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("FusedLinear: output ", i, " needs a weight and y, and every weight the same Kin")));
+    }
+  }
+  for (int i = 0; i < a.count; ++i) {
+    Linear({.w = a.out[i].w, .x = a.x, .y = a.out[i].y, .t = a.t, .x_stride = a.x_stride,
+            .y_stride = a.out[i].y_stride});
+  }
+}
+
 void CpuOps::RmsNorm(const RmsNormArgs& a) {
   pool_.ParallelFor(a.rows, 64, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r) RmsNormRow(a.x + r * a.dim, a.w, a.out + r * a.dim, a.dim, a.eps);

@@ -13,6 +13,7 @@ absl::Status CudaOps::TakeError() { return std::exchange(first_error_, absl::OkS
 
 void CudaOps::Embed(const EmbedArgs& a) { Keep(LaunchEmbed(a, stream_)); }
 void CudaOps::Linear(const LinearArgs& a) { Keep(LaunchLinear(a, stream_)); }
+void CudaOps::FusedLinear(const FusedLinearArgs& a) { Keep(LaunchFusedLinear(a, stream_)); }
 void CudaOps::RmsNorm(const RmsNormArgs& a) { Keep(LaunchRmsNorm(a, stream_)); }
 void CudaOps::Rope(const RopeArgs& a) { Keep(LaunchRope(a, stream_)); }
 void CudaOps::HcPre(const HcPreArgs& a) { Keep(LaunchHcPre(a, stream_)); }

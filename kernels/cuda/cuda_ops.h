@@ -26,6 +26,7 @@ class CudaOps final : public Ops {
 
   void Embed(const EmbedArgs& a) override;
   void Linear(const LinearArgs& a) override;
+  void FusedLinear(const FusedLinearArgs& a) override;
   void RmsNorm(const RmsNormArgs& a) override;
   void Rope(const RopeArgs& a) override;
   void HcPre(const HcPreArgs& a) override;

@@ -38,6 +38,9 @@ int64_t IndexerScratchBytes(const StepLimits& limits);
 // dense.cu, linear.cu, hc.cu (the dense family)
 absl::Status LaunchEmbed(const EmbedArgs& a, cudaStream_t stream);
 absl::Status LaunchLinear(const LinearArgs& a, cudaStream_t stream);
+// linear_fused.cc: the weights in one multi-weight launch (linear_fused.cu) up to kSplitMaxTokens tokens when all
+// are FP8 or BF16, else one LaunchLinear each.
+absl::Status LaunchFusedLinear(const FusedLinearArgs& a, cudaStream_t stream);
 absl::Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t stream);
 absl::Status LaunchRope(const RopeArgs& a, cudaStream_t stream);
 absl::Status LaunchHcPre(const HcPreArgs& a, cudaStream_t stream);

@@ -95,7 +95,8 @@ std::string LinearPlanName(const LinearPlan& pl) {
     return absl::StrCat("tiled m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k);
   }
   return absl::StrCat("splitk m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k, " c",
-                      pl.cluster, " ks", pl.k_slice, pl.stages > 0 ? absl::StrCat(" st", pl.stages) : "");
+                      pl.cluster, " ks", pl.k_slice, pl.stages > 0 ? absl::StrCat(" st", pl.stages) : "",
+                      pl.min_blocks > 0 ? absl::StrCat(" mb", pl.min_blocks) : "", pl.bit_dequant ? " bits" : "");
 }
 
 std::optional<LinearPlan> PlanSplitKLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int m_tiles,
@@ -303,6 +304,18 @@ absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, c
   const int64_t x_esize = x_bf16 ? 2 : 4;
   const bool vec = (k * w_esize) % 16 == 0 && (k * x_esize) % 16 == 0 && (xs * x_esize) % 16 == 0 &&
                    Aligned16(w->data()) && Aligned16(a.x.data);
+  if (plan != nullptr && plan->min_blocks > 0 && format != LinearKernelFormat::kF32) {
+    // The multi-weight kernel (linear_fused.cu), one entry per group.
+    if (a.groups > kFusedMaxWeights) {
+      return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(*plan), " takes at most ",
+                                                     kFusedMaxWeights, " groups, got ", a.groups));
+    }
+    std::vector<FusedWeightRef> refs;
+    for (int g = 0; g < a.groups; ++g) {
+      refs.push_back({.w = w, .row0 = g * n, .n = n, .x_col = g * k, .y = a.y + g * n, .y_stride = ys});
+    }
+    return LaunchFusedWeights(refs, a.x, a.t, xs, *plan, stream);
+  }
   LinearPlan pl;
   if (format == LinearKernelFormat::kF32) {
     if (CeilDiv(a.t, 4) > 65535 || a.groups > 65535) {

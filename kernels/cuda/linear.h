@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <utility>
 
@@ -49,7 +50,29 @@ LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms)
 // cannot (not FP8, unaligned rows, a 16-row tile across two scale blocks, less shared memory).
 std::optional<LinearPlan> PlanRingLinear(int64_t t, int64_t n, int64_t k, int groups, int sms, int splits = 0,
                                          int stages = 0);
-// "splitk m1 n1 w8x1 c2 ks512 st4", "tiled m2 n1 w8x1".
+// The multi-weight split-K kernel (linear_fused.cu): the plan for T tokens of weights with `rows` rows each and the
+// same Kin (1..kFusedMaxWeights weights; min_blocks kFusedMinBlocks or kFusedLeanBlocks; splits = cluster * warps_k,
+// a power of two <= 64, 0: chosen; bit_dequant: the FP8 bit-move dequantisation); nullopt where it has no build
+// (T > kSplitMaxTokens, the lean build above 8 tokens) or the x slice cannot fit.
+std::optional<LinearPlan> PlanFusedLinear(int64_t t, std::span<const int64_t> rows, int64_t k, int sms,
+                                          int min_blocks = kFusedMinBlocks, int splits = 0, bool bit_dequant = false);
+// InvalidArgument unless `plan` is a multi-weight plan within that kernel's limits for these sizes.
+absl::Status CheckFusedPlan(const LinearPlan& plan, int64_t t, int64_t k, std::span<const int64_t> rows);
+// One weight of a multi-weight launch: rows [row0, row0 + n) of w (a group of a grouped weight, or all of it), read
+// against x columns [x_col, x_col + Kin), into y [T, y_stride] columns [0, n).
+struct FusedWeightRef {
+  const CudaLinearWeight* w = nullptr;
+  int64_t row0 = 0, n = 0, x_col = 0;
+  float* y = nullptr;
+  int64_t y_stride = 0;
+};
+// Launches the multi-weight kernel with `plan` (checked first) over `refs` (FP8 or BF16, one Kin).
+absl::Status LaunchFusedWeights(std::span<const FusedWeightRef> refs, const ActView& x, int64_t t, int64_t x_stride,
+                                const LinearPlan& plan, cudaStream_t stream);
+// The ops' FusedLinear with `plan` instead of the automatic choice (null: LaunchFusedLinear's: PlanFusedLinear's
+// default build for 2+ FP8/BF16 weights up to kSplitMaxTokens tokens, one LaunchLinear each otherwise).
+absl::Status LaunchFusedLinearWithPlan(const FusedLinearArgs& a, const LinearPlan* plan, cudaStream_t stream);
+// "splitk m1 n1 w8x1 c2 ks512 st4", "tiled m2 n1 w8x1", "splitk m1 n1 w8x1 c4 ks1024 mb4 bits".
 std::string LinearPlanName(const LinearPlan& plan);
 // LaunchLinear with `plan` instead of the automatic one (null: automatic); the plan is checked against its
 // limits first (InvalidArgument). F32 weights ignore it.

@@ -122,12 +122,16 @@ __device__ __forceinline__ void CpAsyncWait() {
 // sums, or with K split (warps_k * cluster > 1) adds the partial sums in a fixed order. c0, c1 = (row g, tokens
 // 2q, 2q+1); c2, c3 = (row g+8, same tokens). `red`: the block's [warps][MW*NW*4][32] f32 area; block_row0 / row0:
 // the block's / warp's first row in the group; rank: the block's rank in its cluster (its K slice).
+//
+// SplitEpilogueTo is the same over an explicit output: y [T, y_stride] with n rows starting at column 0 (the
+// multi-weight kernel, linear_fused.cu, passes each weight's own output); SplitEpilogue passes the group's columns.
 template <int MW, int NW>
-__device__ __forceinline__ void SplitEpilogue(const LinearParams& p, const float (&acc)[MW][NW][4], float* red,
-                                              int64_t block_row0, int64_t row0, int64_t tok0, int64_t grp, int wm,
-                                              int wk, int lane, int rank) {
+__device__ __forceinline__ void SplitEpilogueTo(const LinearPlan& plan, float* y, int64_t y_stride, int64_t n,
+                                                int64_t tokens, const float (&acc)[MW][NW][4], float* red,
+                                                int64_t block_row0, int64_t row0, int64_t tok0, int wm, int wk,
+                                                int lane, int rank) {
   constexpr int kAcc = MW * NW * 4;
-  const int warps_k = p.plan.warps_k, warps_m = p.plan.warps_m, cluster = p.plan.cluster;
+  const int warps_k = plan.warps_k, warps_m = plan.warps_m, cluster = plan.cluster;
   const int g = lane >> 2, q = lane & 3;
   // c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
   if (warps_k * cluster == 1) {
@@ -139,7 +143,7 @@ __device__ __forceinline__ void SplitEpilogue(const LinearParams& p, const float
         for (int c = 0; c < 4; ++c) {
           const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
           const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
-          if (r < p.n && t < p.t) p.y[t * p.y_stride + grp * p.n + r] = acc[i][jn][c];
+          if (r < n && t < tokens) y[t * y_stride + r] = acc[i][jn][c];
         }
     return;
   }
@@ -165,7 +169,7 @@ __device__ __forceinline__ void SplitEpilogue(const LinearParams& p, const float
     const int i = v / (NW * 4), jn = (v / 4) % NW, c = v % 4;
     r = block_row0 + int64_t{16} * MW * em + 16 * i + (el >> 2) + 8 * (c / 2);
     t = tok0 + 8 * jn + 2 * (el & 3) + (c % 2);
-    return r < p.n && t < p.t;
+    return r < n && t < tokens;
   };
   if (warps_k > 1) {
     for (int e = static_cast<int>(threadIdx.x); e < total; e += static_cast<int>(blockDim.x)) {
@@ -183,7 +187,7 @@ __device__ __forceinline__ void SplitEpilogue(const LinearParams& p, const float
         if (w < warps_k) sum += part[w];
       }
       if (cluster == 1) {
-        p.y[t * p.y_stride + grp * p.n + r] = sum;
+        y[t * y_stride + r] = sum;
       } else {
         red[(static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el] = sum;
       }
@@ -205,10 +209,18 @@ __device__ __forceinline__ void SplitEpilogue(const LinearParams& p, const float
     for (int b = 0; b < 8; ++b) {
       if (b < cluster) sum += part[b];
     }
-    p.y[t * p.y_stride + grp * p.n + r] = sum;
+    y[t * y_stride + r] = sum;
   }
   // No block may leave while another still reads its shared memory.
   ClusterSync();
+}
+
+template <int MW, int NW>
+__device__ __forceinline__ void SplitEpilogue(const LinearParams& p, const float (&acc)[MW][NW][4], float* red,
+                                              int64_t block_row0, int64_t row0, int64_t tok0, int64_t grp, int wm,
+                                              int wk, int lane, int rank) {
+  SplitEpilogueTo<MW, NW>(p.plan, p.y + grp * p.n, p.y_stride, p.n, p.t, acc, red, block_row0, row0, tok0, wm, wk,
+                          lane, rank);
 }
 
 }  // namespace

@@ -58,7 +58,22 @@ struct LinearPlan {
   int cluster = 1;   // kSplitK: blocks of a cluster splitting K (1, 2, 4 or 8)
   int64_t k_slice = 0;  // kSplitK: K elements per block (a multiple of 128; cluster * k_slice >= Kin)
   int stages = 0;       // kSplitK, FP8, m_tiles 1: 0 = register ring; 2..kMaxStages = ring slots per warp
+  // kSplitK with stages 0 and m_tiles 1: 0 = LinearSplitKernel (linear.cu); kFusedMinBlocks or kFusedLeanBlocks =
+  // the multi-weight split-K kernel (linear_fused.cu) compiled for that many 8-warp blocks per SM by its launch
+  // bounds (<= 128 / <= 64 registers a thread; the lean one keeps one step per warp in flight instead of two, so
+  // twice the warps fit; one token tile only), which also serves a single (grouped) linear.
+  int min_blocks = 0;
+  // The multi-weight kernel's FP8 dequantisation: false = hardware e4m3 -> f16 -> f32 -> bf16 (4 instructions
+  // per 2 elements), true = the bit moves of e4m3_bits.h (3; values scaled by 2^-120, undone in fp32).
+  bool bit_dequant = false;
 };
+
+// LinearPlan::min_blocks of the multi-weight kernel: the default build (2 blocks, two weight steps in flight per
+// warp, as LinearSplitKernel) and the lean one (4 blocks, one step in flight, <= 64 registers; up to 8 tokens).
+inline constexpr int kFusedMinBlocks = 2;
+inline constexpr int kFusedLeanBlocks = 4;
+// Most weights one multi-weight launch takes (ops.h kMaxFusedLinears is the same number).
+inline constexpr int kFusedMaxWeights = 8;
 
 struct LinearParams {
   LinearKernelFormat format = LinearKernelFormat::kFp8;
@@ -77,7 +92,40 @@ struct LinearParams {
   LinearPlan plan;
 };
 
+// One weight of a multi-weight launch (linear_fused.cu): y[t, r] = sum_k x[t, x_col + k] * W[r, k] for r < n.
+struct FusedLinearEntry {
+  LinearKernelFormat format = LinearKernelFormat::kFp8;  // kFp8 or kBf16
+  const void* w = nullptr;       // this weight's first row: [n, Kin] e4m3 bytes or bf16 bits
+  const float* scale = nullptr;  // kFp8: the whole weight's [ceil(rows/128), scale_cols] f32 block scales
+  int64_t scale_cols = 0;        // ceil(Kin/128)
+  int64_t scale_row0 = 0;        // kFp8: row of the whole weight that w's row 0 is (a group's g * N), for its scales
+  int64_t n = 0;                 // rows
+  int64_t x_col = 0;             // first x element of a row this weight reads (a group's g * Kin)
+  float* y = nullptr;            // [T, y_stride] f32, columns [0, n)
+  int64_t y_stride = 0;
+  bool vec = false;              // 16-byte loads are aligned for W rows and x rows (host-checked)
+  int64_t block0 = 0;            // first row block (grid z) of this weight; its row blocks follow
+};
+
+// A multi-weight launch: every weight reads the same x [T, x_stride] with the same Kin, one kSplitK plan (m_tiles 1,
+// min_blocks > 0) for all; grid (cluster, token tiles, the weights' row blocks in order).
+struct FusedLinearParams {
+  const void* x = nullptr;  // f32 or bf16 bits (x_bf16)
+  bool x_bf16 = false;
+  int64_t x_stride = 0;
+  int64_t t = 0;            // T
+  int64_t k = 0;            // Kin
+  int64_t x_rows = 0;       // token rows of the x slice in shared memory: min(T, 8 * n_tiles)
+  int count = 0;
+  FusedLinearEntry e[kFusedMaxWeights];
+  LinearPlan plan;
+};
+
 namespace internal {
+// Enqueues the multi-weight kernel for `p` (sizes already validated); returns the launch error, if any.
+cudaError_t LaunchFusedLinearKernel(const FusedLinearParams& p, cudaStream_t stream);
+// Dynamic shared memory of the multi-weight kernel: the x slice [x_rows, k_slice + 4] bf16 and the partial sums.
+int64_t FusedSharedBytes(const LinearPlan& plan, int64_t x_rows);
 // Enqueues the kernel for `p` (sizes already validated); returns the launch error, if any.
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream);
 // Dynamic shared memory the tensor-core kernel of `plan` takes (kTiled: the split-K reduction; kSplitK: the x
