@@ -143,6 +143,7 @@ absl::StatusOr<std::unique_ptr<DecodeBench>> DecodeBench::Setup(const DecodeBenc
     s->held_end = c.n_routed_experts;
     s->shared_inter = c.moe_intermediate_size * c.n_shared_experts;
   }
+  mo.fuse_projections = o.fuse_projections;
   mo.max_step_tokens = max_batch;
   mo.max_context = (max_positions + 255) / 128 * 128;
   mo.on_layer_loaded = [](int done, int total) {

@@ -34,6 +34,8 @@ ABSL_FLAG(std::string, context, "8192,32768", "positions already in the cache of
 ABSL_FLAG(std::string, routing, "random", "random | skewed (20% of the experts get ~80% of the pairs)");
 ABSL_FLAG(bool, cuda_graphs, true, "replay the worker's captured decode graphs (false: eager steps)");
 ABSL_FLAG(std::string, attention_kernel, "mma", "sparse-MLA decode kernel: mma | simt");
+ABSL_FLAG(bool, fuse_projections, false,
+          "ModelOptions::fuse_projections: the projections that read the same input as one FusedLinear launch");
 ABSL_FLAG(int, warmup, 3, "untimed steps per point");
 ABSL_FLAG(int, reps, 10, "timed steps per point (median)");
 ABSL_FLAG(int, phase_reps, 3, "timed replays per point for the phase split");
@@ -94,6 +96,7 @@ int Main() {
   }
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
+  o.fuse_projections = absl::GetFlag(FLAGS_fuse_projections);
   o.warmup = absl::GetFlag(FLAGS_warmup);
   o.reps = absl::GetFlag(FLAGS_reps);
   o.phase_reps = absl::GetFlag(FLAGS_phase_reps);
@@ -110,10 +113,12 @@ int Main() {
   }
   const RunInfo& info = (*bench)->info();
   const nlohmann::json run = RunJson(info, o);
-  std::printf("# dsv4-decode-bench: %s, %s, %d layers, rank %d of %d, %s experts, %s routing, graphs %s, attention %s\n",
+  std::printf("# dsv4-decode-bench: %s, %s, %d layers, rank %d of %d, %s experts, %s routing, graphs %s, attention %s"
+              "%s\n",
               info.device.c_str(), o.config_path.c_str(), info.layers, o.rank, o.world,
               std::string(ExpertFormatName(o.experts)).c_str(), o.routing.skewed ? "skewed" : "random",
-              o.cuda_graphs && info.graphs ? "on" : "off", o.attention_kernel.c_str());
+              o.cuda_graphs && info.graphs ? "on" : "off", o.attention_kernel.c_str(),
+              o.fuse_projections ? ", fused projections" : "");
   std::printf("copy bandwidth %.0f GB/s; synthetic weights %.1f s (%.2f GB host), load %.1f s, kv fill %.1f s, "
               "graph capture %.1f s; backend memory: weights %.1f GB, kv %.1f GB, workspace %.2f GB\n",
               info.copy_gbs, info.synth_seconds, info.synth_host_bytes / 1e9, info.load_seconds, info.fill_seconds,

@@ -91,6 +91,7 @@ nlohmann::json RunJson(const RunInfo& info, const DecodeBenchOptions& o) {
       {"hot_bias", info.hot_bias},
       {"cuda_graphs", o.cuda_graphs},
       {"attention_kernel", o.attention_kernel},
+      {"fuse_projections", o.fuse_projections},
       {"copy_gbs", info.copy_gbs},
       {"seconds", {{"synthesis", info.synth_seconds}, {"load", info.load_seconds}, {"kv_fill", info.fill_seconds},
                    {"capture", info.capture_seconds}}},

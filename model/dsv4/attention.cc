@@ -37,32 +37,66 @@ void AttentionSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, cons
              .hc_eps = static_cast<float>(c.hc_eps)});
   ops.RmsNorm({.x = a, .w = w.attn_norm.ptr(), .out = a, .rows = T, .dim = D, .eps = eps});
 
-  // q path: c_q = norm(W_qa a); q = W_qb c_q; per-head unweighted RMS; RoPE on the last rope dims.
-  ops.Linear({.w = w.wq_a.get(), .x = F32(ws.a), .y = cq, .t = T});
-  ops.RmsNorm({.x = cq, .w = w.q_norm.ptr(), .out = cq, .rows = T, .dim = QL, .eps = eps});
-  ops.Linear({.w = w.wq_b.get(), .x = F32(ws.cq), .y = q, .t = T});
-  ops.RmsNorm({.x = q, .w = nullptr, .out = q, .rows = T * H, .dim = Dh, .eps = eps});
-  ops.Rope({.x = q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh, .pairs = pairs});
-
-  // kv path: one latent key per token (value = key).
-  ops.Linear({.w = w.wkv.get(), .x = F32(ws.a), .y = kv, .t = T});
-  ops.RmsNorm({.x = kv, .w = w.kv_norm.ptr(), .out = kv, .rows = T, .dim = Dh, .eps = eps});
-  ops.Rope({.x = kv, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = 1, .row_dim = Dh, .pairs = pairs});
-
-  // Compressor and indexer projections.
   const bool production = s.mode == NumericMode::kProduction;
-  if (w.ratio > 0) {
-    ops.Linear({.w = w.compressor.wkv.get(), .x = F32(ws.a), .y = ws.comp_kv.as<float>(), .t = T});
-    ops.Linear({.w = w.compressor.wgate.get(), .x = F32(ws.a), .y = ws.comp_gate.as<float>(), .t = T});
-  }
   float* idx_q = ws.idx_q.as<float>();
-  if (w.ratio == 4) {
-    ops.Linear({.w = w.idx_wq_b.get(), .x = F32(ws.cq), .y = idx_q, .t = T});
-    ops.Rope({.x = idx_q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = IH, .row_dim = ID, .pairs = pairs});
-    if (production) ops.HadamardFp4({.x = idx_q, .rows = T * IH, .dim = ID});
-    ops.Linear({.w = w.idx_weights_proj.get(), .x = F32(ws.a), .y = ws.idx_w.as<float>(), .t = T});
-    ops.Linear({.w = w.idx_compressor.wkv.get(), .x = F32(ws.a), .y = ws.idx_kv.as<float>(), .t = T});
-    ops.Linear({.w = w.idx_compressor.wgate.get(), .x = F32(ws.a), .y = ws.idx_gate.as<float>(), .t = T});
+  if (m.options.fuse_projections) {
+    // The same projections as below, each input's in one op: every projection of the normed a, then (after the
+    // q norm) wq_b and the indexer's wq_b of c_q.
+    kernels::FusedLinearArgs from_a{.x = F32(ws.a), .t = T};
+    auto add = [](kernels::FusedLinearArgs& f, const kernels::LinearWeight* wt, float* y) {
+      f.out[f.count++] = {.w = wt, .y = y};
+    };
+    add(from_a, w.wq_a.get(), cq);
+    add(from_a, w.wkv.get(), kv);
+    if (w.ratio > 0) {
+      add(from_a, w.compressor.wkv.get(), ws.comp_kv.as<float>());
+      add(from_a, w.compressor.wgate.get(), ws.comp_gate.as<float>());
+    }
+    if (w.ratio == 4) {
+      add(from_a, w.idx_weights_proj.get(), ws.idx_w.as<float>());
+      add(from_a, w.idx_compressor.wkv.get(), ws.idx_kv.as<float>());
+      add(from_a, w.idx_compressor.wgate.get(), ws.idx_gate.as<float>());
+    }
+    ops.FusedLinear(from_a);
+    ops.RmsNorm({.x = cq, .w = w.q_norm.ptr(), .out = cq, .rows = T, .dim = QL, .eps = eps});
+    kernels::FusedLinearArgs from_cq{.x = F32(ws.cq), .t = T};
+    add(from_cq, w.wq_b.get(), q);
+    if (w.ratio == 4) add(from_cq, w.idx_wq_b.get(), idx_q);
+    ops.FusedLinear(from_cq);
+    ops.RmsNorm({.x = q, .w = nullptr, .out = q, .rows = T * H, .dim = Dh, .eps = eps});
+    ops.Rope({.x = q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh, .pairs = pairs});
+    ops.RmsNorm({.x = kv, .w = w.kv_norm.ptr(), .out = kv, .rows = T, .dim = Dh, .eps = eps});
+    ops.Rope({.x = kv, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = 1, .row_dim = Dh, .pairs = pairs});
+    if (w.ratio == 4) {
+      ops.Rope({.x = idx_q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = IH, .row_dim = ID, .pairs = pairs});
+      if (production) ops.HadamardFp4({.x = idx_q, .rows = T * IH, .dim = ID});
+    }
+  } else {
+    // q path: c_q = norm(W_qa a); q = W_qb c_q; per-head unweighted RMS; RoPE on the last rope dims.
+    ops.Linear({.w = w.wq_a.get(), .x = F32(ws.a), .y = cq, .t = T});
+    ops.RmsNorm({.x = cq, .w = w.q_norm.ptr(), .out = cq, .rows = T, .dim = QL, .eps = eps});
+    ops.Linear({.w = w.wq_b.get(), .x = F32(ws.cq), .y = q, .t = T});
+    ops.RmsNorm({.x = q, .w = nullptr, .out = q, .rows = T * H, .dim = Dh, .eps = eps});
+    ops.Rope({.x = q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh, .pairs = pairs});
+
+    // kv path: one latent key per token (value = key).
+    ops.Linear({.w = w.wkv.get(), .x = F32(ws.a), .y = kv, .t = T});
+    ops.RmsNorm({.x = kv, .w = w.kv_norm.ptr(), .out = kv, .rows = T, .dim = Dh, .eps = eps});
+    ops.Rope({.x = kv, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = 1, .row_dim = Dh, .pairs = pairs});
+
+    // Compressor and indexer projections.
+    if (w.ratio > 0) {
+      ops.Linear({.w = w.compressor.wkv.get(), .x = F32(ws.a), .y = ws.comp_kv.as<float>(), .t = T});
+      ops.Linear({.w = w.compressor.wgate.get(), .x = F32(ws.a), .y = ws.comp_gate.as<float>(), .t = T});
+    }
+    if (w.ratio == 4) {
+      ops.Linear({.w = w.idx_wq_b.get(), .x = F32(ws.cq), .y = idx_q, .t = T});
+      ops.Rope({.x = idx_q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = IH, .row_dim = ID, .pairs = pairs});
+      if (production) ops.HadamardFp4({.x = idx_q, .rows = T * IH, .dim = ID});
+      ops.Linear({.w = w.idx_weights_proj.get(), .x = F32(ws.a), .y = ws.idx_w.as<float>(), .t = T});
+      ops.Linear({.w = w.idx_compressor.wkv.get(), .x = F32(ws.a), .y = ws.idx_kv.as<float>(), .t = T});
+      ops.Linear({.w = w.idx_compressor.wgate.get(), .x = F32(ws.a), .y = ws.idx_gate.as<float>(), .t = T});
+    }
   }
 
   // Cache updates and key selection (timed as attention): this step's keys into their staging rows (and the ring

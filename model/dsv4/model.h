@@ -77,6 +77,11 @@ struct ModelOptions {
   // workspace and block-table arrays are planned for them at AllocateCache; larger steps are refused.
   int64_t max_step_tokens = 2048;
   int64_t max_context = 8192;
+  // The projections that read the same input as one FusedLinear op each (ops.h): wq_a, wkv and the compressor and
+  // indexer projections of the normed hidden state; wq_b and the indexer's wq_b of c_q. Off: one Linear each (the
+  // default until the CUDA backend's multi-weight launch is measured; results agree within the linear's tolerance,
+  // bit for bit on the CPU backend).
+  bool fuse_projections = false;
   // Called by Load after each main layer's weights are in memory (progress lines on long loads); may be empty.
   std::function<void(int layers_loaded, int layers_total)> on_layer_loaded = nullptr;
   // Mapped or streamed weight loading (weights.h; the worker's --weight-load).

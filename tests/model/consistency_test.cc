@@ -1,8 +1,9 @@
 // Self-consistency of the forward: prefill then decode equals decode alone; a batch of sequences at different
-// positions equals each run alone; production mode stays close to exact; the tiny model decodes a few
+// positions equals each run alone; production mode stays close to exact; fused projections give the same bits; the tiny model decodes a few
 // hundred tokens quickly; bad inputs are refused with errors that name the problem.
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "gtest/gtest.h"
 #include "tests/model/model_fixture.h"
@@ -118,6 +119,35 @@ TEST(ConsistencyTest, ProductionCloseToExact) {
   std::printf("production vs exact: rel err by norm %.3e, argmax agreement %.4f\n", rel, frac);
   EXPECT_LE(rel, 2e-2);
   EXPECT_GE(frac, 0.98);
+}
+
+// ModelOptions::fuse_projections runs the projections of one input as one FusedLinear op; on the CPU backend that
+// op is the loop of the same Linear calls, so the logits must be the same bits (exact and production mode; a
+// prefill chunk and single-token steps; ratio-4 and ratio-128 layers).
+TEST(ConsistencyTest, FusedProjectionsGiveTheSameBits) {
+  for (const NumericMode mode : {NumericMode::kExact, NumericMode::kProduction}) {
+    Dsv4Model& plain = TinyModel(mode);
+    auto fused = Dsv4Model::Load(TinyCheckpoint(), {.mode = mode, .backend = &TestBackend(), .fuse_projections = true});
+    ASSERT_TRUE(fused.ok()) << fused.status();
+    const auto tokens = RandomTokens(160, 11, static_cast<int>(plain.config().vocab_size));
+    auto pa = generate::AllocateSequences(plain, 1, 160);
+    auto pb = generate::AllocateSequences(**fused, 1, 160);
+    ASSERT_TRUE(pa.ok() && pb.ok());
+    for (const int chunk : {1, 64}) {
+      ASSERT_TRUE(plain.ResetState(0).ok());
+      ASSERT_TRUE((*fused)->ResetState(0).ok());
+      auto a = generate::TeacherForce(plain, pa->tables[0], tokens, chunk);
+      auto b = generate::TeacherForce(**fused, pb->tables[0], tokens, chunk);
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status() << b.status();
+      ASSERT_EQ(a->size(), b->size());
+      size_t first_diff = a->size();
+      for (size_t i = 0; i < a->size() && first_diff == a->size(); ++i) {
+        if (std::memcmp(&(*a)[i], &(*b)[i], 4) != 0) first_diff = i;
+      }
+      EXPECT_EQ(first_diff, a->size()) << "mode " << static_cast<int>(mode) << " chunk " << chunk
+                                       << ": fused and plain logits differ";
+    }
+  }
 }
 
 TEST(ConsistencyTest, DecodesAFewHundredTokens) {
