@@ -61,6 +61,10 @@ ABSL_FLAG(double, warmup_ms, 10, "untimed replays before each case's timed ones 
 ABSL_FLAG(bool, variants, true, "also time the tiled kernel and split-K plans beside the automatic one");
 ABSL_FLAG(bool, peers, true, "also time cuBLASLt: block-scaled FP8 and bf16 on dequantised weights");
 ABSL_FLAG(bool, fused, true, "also the fused shapes a later change could launch (wq_a+wkv, shared w1+w3)");
+ABSL_FLAG(bool, groups, true,
+          "also the projection groups model/dsv4 fuses (ModelOptions::fuse_projections): separate linears vs one "
+          "FusedLinear per build (default / lean, hardware / bit-move FP8 dequantisation)");
+ABSL_FLAG(bool, singles, true, "the single-weight shapes (false: only the groups)");
 ABSL_FLAG(int, ref_tokens, 8, "tokens compared with the CPU reference");
 ABSL_FLAG(int, threads, 0, "CPU reference threads (0: every core)");
 ABSL_FLAG(bool, plans, false, "print the automatic plan of every shape and T for --sms SMs and exit (no GPU)");
@@ -677,6 +681,214 @@ int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<
   return failures;
 }
 
+// Weights that read the same x, as model/dsv4 fuses them with ModelOptions::fuse_projections (attention.cc), plus
+// the shared expert's w1 + w3 (the same x inside the MoE op; not wired: kernels/cuda/moe_launch.cc would call
+// LaunchFusedLinear).
+struct FusedGroup {
+  std::string name;
+  int64_t k = 0;
+  std::vector<std::string> names;
+  std::vector<WeightFormat> formats;
+  std::vector<int64_t> rows;
+};
+
+std::vector<FusedGroup> MakeFusedGroups(const Config& c, const std::vector<int64_t>& tps) {
+  std::vector<FusedGroup> out;
+  const WeightFormat fp8 = WeightFormat::kFp8Block128, bf16 = WeightFormat::kBF16;
+  auto add = [&](FusedGroup g) {
+    for (FusedGroup& o : out) {
+      if (o.k == g.k && o.rows == g.rows && o.formats == g.formats) {
+        o.name += " = " + g.name;
+        return;
+      }
+    }
+    out.push_back(std::move(g));
+  };
+  for (const int64_t tp : tps) {
+    const std::string sfx = tp == 1 ? "" : absl::StrCat(" tp", tp);
+    const int64_t heads = c.num_attention_heads / tp, D = c.hidden_size, hd = c.head_dim;
+    const int64_t shared = c.moe_intermediate_size * c.n_shared_experts / tp;
+    const int64_t ihd = c.index_head_dim;
+    add({.name = "x of a ratio-4 layer" + sfx, .k = D,
+         .names = {"wq_a", "wkv", "compressor.wkv", "compressor.wgate", "indexer.weights_proj",
+                   "indexer.compressor.wkv", "indexer.compressor.wgate"},
+         .formats = {fp8, fp8, bf16, bf16, bf16, bf16, bf16},
+         .rows = {c.q_lora_rank, hd, 2 * hd, 2 * hd, c.index_n_heads, 2 * ihd, 2 * ihd}});
+    add({.name = "x of a ratio-128 layer" + sfx, .k = D,
+         .names = {"wq_a", "wkv", "compressor.wkv", "compressor.wgate"},
+         .formats = {fp8, fp8, bf16, bf16},
+         .rows = {c.q_lora_rank, hd, hd, hd}});
+    add({.name = "x of a ratio-0 layer" + sfx, .k = D, .names = {"wq_a", "wkv"}, .formats = {fp8, fp8},
+         .rows = {c.q_lora_rank, hd}});
+    add({.name = "c_q of a ratio-4 layer" + sfx, .k = c.q_lora_rank, .names = {"wq_b", "indexer.wq_b"},
+         .formats = {fp8, fp8}, .rows = {heads * hd, c.index_n_heads * ihd}});
+    add({.name = "shared w1+w3 (not wired)" + sfx, .k = D, .names = {"shared.w1", "shared.w3"},
+         .formats = {fp8, fp8}, .rows = {shared, shared}});
+  }
+  return out;
+}
+
+// One group per T: the separate linears (one LaunchLinear each, in one graph: the model without the option),
+// the ops' FusedLinear (what the model launches with it) and each build of the multi-weight kernel with its own
+// plan, against the floor of the group's bytes. Every column's outputs are checked against the CPU reference.
+void RunFusedGroup(Ctx& ctx, const FusedGroup& fg) {
+  const size_t count = fg.rows.size();
+  const int64_t K = fg.k;
+  int64_t rows_sum = 0;
+  double wbytes = 0;
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < count; ++i) {
+    rows_sum += fg.rows[i];
+    wbytes += WeightBytes({.names = {}, .format = fg.formats[i], .n = fg.rows[i], .k = K, .groups = 1});
+    parts.push_back(absl::StrFormat("%s %s [%d, %d]", fg.names[i], kernels::WeightFormatName(fg.formats[i]),
+                                    fg.rows[i], K));
+  }
+  std::printf("\n### group: %s: %s; %.2f MB\n\n", fg.name.c_str(), absl::StrJoin(parts, ", ").c_str(), wbytes / 1e6);
+  std::vector<HostLinear> host;
+  for (size_t i = 0; i < count; ++i) {
+    host.push_back(SynthLinear("bench.group." + fg.names[i], fg.formats[i], fg.rows[i], K, ctx.seed += 101));
+  }
+  const std::vector<float> x = MakeX(ctx, K, ctx.seed + 1);
+  const int64_t R = std::min<int64_t>(ctx.ref_tokens, ctx.max_t);
+  std::vector<std::vector<float>> ref(count);
+  {
+    const std::vector<float> xr(x.begin(), x.begin() + R * K);
+    Buffer xb = Upload(ctx.cpu, xr);
+    for (size_t i = 0; i < count; ++i) {
+      absl::StatusOr<LinearHandle> w = ctx.cpu.PrepareLinear(host[i].view);
+      absl::StatusOr<Buffer> yb = ctx.cpu.Allocate(R * fg.rows[i] * 4, MemoryKind::kWorkspace);
+      if (!w.ok() || !yb.ok()) std::exit(3);
+      ctx.cpu.ops().Linear({.w = w->get(), .x = {.data = xb.data()}, .y = yb->as<float>(), .t = R});
+      if (!ctx.cpu.Synchronize().ok()) std::exit(3);
+      ref[i] = DownloadRows(ctx.cpu, yb->data(), R, fg.rows[i], false);
+    }
+  }
+  const int sets = SetsFor(ctx, wbytes);
+  std::vector<std::vector<LinearHandle>> copies(static_cast<size_t>(sets));
+  for (auto& set : copies) {
+    for (size_t i = 0; i < count; ++i) {
+      absl::StatusOr<LinearHandle> w = ctx.cuda.PrepareLinear(host[i].view);
+      if (!w.ok()) {
+        std::printf("PrepareLinear: %s\n", w.status().ToString().c_str());
+        ++ctx.failures;
+        return;
+      }
+      set.push_back(*std::move(w));
+    }
+  }
+  Buffer xg = Upload(ctx.cuda, x);
+  std::vector<Buffer> ys;
+  for (size_t i = 0; i < count; ++i) {
+    absl::StatusOr<Buffer> y = ctx.cuda.Allocate(ctx.x_rows * fg.rows[i] * 4, MemoryKind::kWorkspace);
+    if (!y.ok()) std::exit(3);
+    ys.push_back(*std::move(y));
+  }
+  auto args = [&](int s, int64_t t) {
+    kernels::FusedLinearArgs a{.x = {.data = xg.data()}, .t = t, .count = static_cast<int>(count)};
+    for (size_t i = 0; i < count; ++i) {
+      a.out[i] = {.w = copies[static_cast<size_t>(s)][i].get(), .y = ys[i].as<float>()};
+    }
+    return a;
+  };
+  std::printf("| T | separate us | fused us | plan | default | bits | lean | lean bits | floor us | %% copy (fused) | "
+              "x floor | speed-up vs separate | rel err |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+  for (const int64_t t : ctx.tokens) {
+    const double floor_bytes = wbytes + 4.0 * t * K + 4.0 * t * rows_sum;
+    const double floor_us = floor_bytes / ctx.copy_bps * 1e6;
+    const int64_t rows = std::min(t, R);
+    struct Col {
+      std::string what{}, plan{};
+      Result r{};
+      double err = -1;
+    };
+    std::vector<Col> cols;
+    auto time = [&](const std::string& what, const std::string& plan, std::function<void(int)> enqueue) {
+      Col col{.what = what, .plan = plan};
+      Case c{.family = "gemm_group", .op = what, .shape = absl::StrFormat("%s T=%d", fg.name, t),
+             .params = {{"group", fg.name}, {"names", fg.names}, {"rows", fg.rows}, {"k", K}, {"t", t},
+                        {"plan", plan}},
+             .max_sets = sets, .rotated_bytes_per_set = wbytes, .enqueue = std::move(enqueue),
+             .bytes = [floor_bytes](int) { return floor_bytes; },
+             .prepare = [&]() {
+               for (size_t i = 0; i < count; ++i) {
+                 ctx.cuda.ops().Fill({.x = ys[i].as<float>(), .n = ctx.x_rows * fg.rows[i],
+                                      .value = std::numeric_limits<float>::quiet_NaN()});
+               }
+               return ctx.cuda.Synchronize();
+             },
+             .check = [&]() -> absl::Status {
+               double worst = 0;
+               for (size_t i = 0; i < count; ++i) {
+                 const std::vector<float> got = DownloadRows(ctx.cuda, ys[i].data(), rows, fg.rows[i], false);
+                 const Err e = Compare(got, std::vector<float>(ref[i].begin(), ref[i].begin() + rows * fg.rows[i]));
+                 if (e.non_finite) return absl::DataLossError(absl::StrCat(fg.names[i], ": non-finite output"));
+                 worst = std::max(worst, e.rel);
+               }
+               col.err = worst;
+               if (worst > kOurMaxRel) return absl::DataLossError(absl::StrFormat("rel err %.3g", worst));
+               return absl::OkStatus();
+             }};
+      col.r = ctx.runner.Run(ctx.cuda, c);
+      if (!col.r.ok) {
+        ++ctx.failures;
+        std::printf("  %s T=%lld failed: %s\n", what.c_str(), static_cast<long long>(t), col.r.error.c_str());
+      }
+      ctx.json.push_back({{"group", fg.name}, {"t", t}, {"what", what}, {"plan", plan}, {"us", col.r.median_us},
+                          {"p10_us", col.r.p10_us}, {"p90_us", col.r.p90_us}, {"floor_us", floor_us},
+                          {"pct_copy", col.r.pct_copy}, {"rel_err", col.err}, {"ok", col.r.ok}});
+      cols.push_back(col);
+    };
+    time("separate", "one LaunchLinear each (AutoLinearPlan)", [&, t](int s) {
+      const kernels::FusedLinearArgs a = args(s, t);
+      for (int i = 0; i < a.count; ++i) ctx.cuda.ops().Linear({.w = a.out[i].w, .x = a.x, .y = a.out[i].y, .t = t});
+    });
+    time("fused", "ops FusedLinear", [&, t](int s) { ctx.cuda.ops().FusedLinear(args(s, t)); });
+    struct Build {
+      const char* what;
+      int min_blocks;
+      bool bits;
+    };
+    for (const Build& b : {Build{"default", kernels::cuda::kFusedMinBlocks, false},
+                           Build{"bits", kernels::cuda::kFusedMinBlocks, true},
+                           Build{"lean", kernels::cuda::kFusedLeanBlocks, false},
+                           Build{"lean bits", kernels::cuda::kFusedLeanBlocks, true}}) {
+      const std::optional<LinearPlan> plan =
+          kernels::cuda::PlanFusedLinear(t, fg.rows, K, ctx.sms, b.min_blocks, 0, b.bits);
+      if (!plan || !ctx.variants) continue;
+      time(b.what, kernels::cuda::LinearPlanName(*plan), [&, t, plan](int s) {
+        const absl::Status st =
+            kernels::cuda::LaunchFusedLinearWithPlan(args(s, t), &*plan, ctx.gpu.stream());
+        if (!st.ok()) std::fprintf(stderr, "fused launch: %s\n", st.ToString().c_str());
+      });
+    }
+    auto find = [&](const std::string& what) -> const Col* {
+      for (const Col& c : cols) {
+        if (c.what == what && c.r.ok) return &c;
+      }
+      return nullptr;
+    };
+    auto cell = [&](const std::string& what) {
+      const Col* c = find(what);
+      return c ? absl::StrFormat("%.1f", c->r.median_us) : std::string("-");
+    };
+    const Col* sep = find("separate");
+    const Col* fused = find("fused");
+    double worst_err = 0;
+    for (const Col& c : cols) worst_err = std::max(worst_err, c.err);
+    std::printf("| %lld | %s | %s | %s | %s | %s | %s | %s | %.2f | %s | %s | %s | %.2g |\n",
+                static_cast<long long>(t), cell("separate").c_str(), cell("fused").c_str(),
+                fused ? fused->plan.c_str() : "-", cell("default").c_str(), cell("bits").c_str(), cell("lean").c_str(),
+                cell("lean bits").c_str(), floor_us,
+                fused ? absl::StrFormat("%.0f%%", fused->r.pct_copy).c_str() : "-",
+                fused ? absl::StrFormat("%.1f", fused->r.median_us / floor_us).c_str() : "-",
+                (sep && fused) ? absl::StrFormat("%.2fx", sep->r.median_us / fused->r.median_us).c_str() : "-",
+                worst_err);
+    std::fflush(stdout);
+  }
+}
+
 absl::StatusOr<Config> ReadConfig(const std::string& path) {
   if (path.empty()) return Config{};
   std::ifstream in(path);
@@ -713,6 +925,21 @@ int Main() {
         std::printf("  T=%-4lld %s, %lld bytes of shared memory\n", static_cast<long long>(t),
                     kernels::cuda::LinearPlanName(p).c_str(),
                     static_cast<long long>(kernels::cuda::internal::LinearSharedBytes(p)));
+      }
+    }
+    if (absl::GetFlag(FLAGS_groups)) {
+      for (const FusedGroup& g : MakeFusedGroups(*config, tps)) {
+        std::printf("group %s: %s\n", g.name.c_str(), absl::StrJoin(g.names, " + ").c_str());
+        for (const int64_t t : tokens) {
+          for (const int mb : {kernels::cuda::kFusedMinBlocks, kernels::cuda::kFusedLeanBlocks}) {
+            const std::optional<LinearPlan> p = kernels::cuda::PlanFusedLinear(t, g.rows, g.k, sms, mb);
+            if (!p) continue;
+            std::printf("  T=%-4lld %s, %lld bytes of shared memory\n", static_cast<long long>(t),
+                        kernels::cuda::LinearPlanName(*p).c_str(),
+                        static_cast<long long>(kernels::cuda::internal::FusedSharedBytes(
+                            *p, std::min<int64_t>(t, 8 * p->n_tiles))));
+          }
+        }
       }
     }
     return 0;
@@ -784,9 +1011,11 @@ int Main() {
               "not timed); grouped shapes run one product per group.\n",
               ctx.ref_tokens);
 
-  for (const Shape& s : shapes) {
-    RunShape(ctx, s);
-    // ... and the JSON after each shape, so a run cut short keeps what it measured.
+  std::vector<FusedGroup> groups;
+  if (absl::GetFlag(FLAGS_groups)) groups = MakeFusedGroups(*config, tps);
+  if (!absl::GetFlag(FLAGS_singles)) shapes.clear();
+  // The JSON after each case, so a run cut short keeps what it measured.
+  auto write_json = [&] {
     if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
       std::ofstream out(path);
       out << nlohmann::json{{"run",
@@ -799,6 +1028,15 @@ int Main() {
                  .dump(1)
           << "\n";
     }
+  };
+  // The groups first: they are the cases the next decision rests on (ModelOptions::fuse_projections).
+  for (const FusedGroup& g : groups) {
+    RunFusedGroup(ctx, g);
+    write_json();
+  }
+  for (const Shape& s : shapes) {
+    RunShape(ctx, s);
+    write_json();
   }
   absl::StatusOr<double> copy_end = MeasureCopyBandwidth(cuda, int64_t{1} << 30);
   std::printf("\n%d failures; copy bandwidth at the end %.0f GB/s; %.1f s in all.\n", ctx.failures,
