@@ -53,7 +53,9 @@
 ABSL_FLAG(std::string, config, "", "config.json of the model (empty: configs/flash.json's values)");
 ABSL_FLAG(std::string, tp, "1,4", "tensor-parallel worlds whose rank shapes run");
 ABSL_FLAG(std::string, tokens, "1,2,4,8,16,32,64,128", "M: tokens per call");
-ABSL_FLAG(std::string, only, "", "comma-separated shape names (a shape runs when one of its names is listed)");
+ABSL_FLAG(std::string, only, "",
+          "comma-separated shape names (a shape runs when one of its names is listed; a group when its name "
+          "contains one of them, e.g. ratio-4)");
 ABSL_FLAG(int, reps, 50, "timed replays per case (median reported)");
 ABSL_FLAG(double, rotate_mb, 256, "weight bytes cycled per replay (sets of copies of the weight)");
 ABSL_FLAG(double, replay_budget_ms, 25, "sets are capped so that one replay takes about this long");
@@ -1013,6 +1015,12 @@ int Main() {
 
   std::vector<FusedGroup> groups;
   if (absl::GetFlag(FLAGS_groups)) groups = MakeFusedGroups(*config, tps);
+  if (!only.empty()) {  // groups whose name contains one of --only's words
+    std::erase_if(groups, [&](const FusedGroup& g) {
+      return std::none_of(only.begin(), only.end(),
+                          [&](const std::string& n) { return g.name.find(n) != std::string::npos; });
+    });
+  }
   if (!absl::GetFlag(FLAGS_singles)) shapes.clear();
   // The JSON after each case, so a run cut short keeps what it measured.
   auto write_json = [&] {

@@ -5,9 +5,12 @@
 #
 # 1. Here, on the build machine (builds build-h200 for sm_90a, strips, bundles, tars into /work/main/.gpu/):
 #      bash bench/gemm/run_next.sh bundle
-# 2. One device call (carry [".gpu/fp8-fuse.tar.xz"]), from the repository root there:
+# 2. One device call (carry [".gpu/fp8-fuse.tar.xz"]; timeout_s 600), from the repository root there:
 #      tar xJf .gpu/fp8-fuse.tar.xz -C .gpu && bash .gpu/fp8-fuse/run_next.sh run "$OUT"
-#    about 6-8 minutes; one tarball comes back: $OUT/fp8-fuse-logs.tgz (plus summary.txt).
+#    the default steps (tests memcheck groups decode) fit the 10-minute call (their timeouts add to 560 s; expected
+#    ~4-6 minutes); one tarball comes back: $OUT/fp8-fuse-logs.tgz (plus summary.txt). If device time is left, a
+#    second call for the profile and the lean build on the single weights:
+#      tar xJf .gpu/fp8-fuse.tar.xz -C .gpu && STEPS="ncu lean" bash .gpu/fp8-fuse/run_next.sh run "$OUT"
 #
 # Steps of `run` (STEPS to pick; each under `timeout`, so a hang costs its limit only):
 #   tests     cuda_ops_test FusedLinear* (CPU reference at flash TP1/TP4 group shapes, T = 1..128, every build,
@@ -53,7 +56,7 @@ LOG="$OUT/$NAME"
 mkdir -p "$LOG"
 B=.gpu/$NAME
 export LD_LIBRARY_PATH=$PWD/$B/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} DSV4_SOURCE_DIR=$PWD NCCL_NVLS_ENABLE=0
-STEPS=${STEPS:-"tests memcheck groups decode ncu lean"}
+STEPS=${STEPS:-"tests memcheck groups decode"}
 TAG="build $(cat "$B/COMMIT" 2>/dev/null || echo unknown)"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu --format=csv > "$LOG/gpu.txt" 2>&1
 worst=0
@@ -64,21 +67,21 @@ DECODE="$B/bin/dsv4-decode-bench --config=configs/flash.json --simulate-rank=0 -
 for step in $STEPS; do
   case $step in
     tests)
-      timeout 240 "$B/bin/cuda_ops_test" --gtest_brief=1 --gtest_filter='FusedLinear*:DenseLinear*:DenseGraph*' \
+      timeout 150 "$B/bin/cuda_ops_test" --gtest_brief=1 --gtest_filter='FusedLinear*:DenseLinear*:DenseGraph*' \
         > "$LOG/tests.txt" 2>&1
       note "cuda_ops_test FusedLinear* DenseLinear* DenseGraph*" $?
       grep -E "^\[  (PASSED|FAILED)|tests? from .* ran|FAILED  \]" "$LOG/tests.txt" | tail -20 | tee -a "$OUT/summary.txt"
-      timeout 90 "$B/bin/cuda_model_test" --gtest_brief=1 > "$LOG/model.txt" 2>&1
+      timeout 60 "$B/bin/cuda_model_test" --gtest_brief=1 > "$LOG/model.txt" 2>&1
       note "cuda_model_test" $?
       grep -E "^\[  (PASSED|FAILED)|ran\.|FAILED  \]" "$LOG/model.txt" | tail -6 | tee -a "$OUT/summary.txt" ;;
     memcheck)
-      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/bin/cuda_ops_test" --gtest_brief=1 \
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$B/bin/cuda_ops_test" --gtest_brief=1 \
         --gtest_filter='FusedLinear.ForcedPlansAtEdges:FusedLinear.BadArgumentsAndPlansAreRefused:FusedLinear.FallbacksAndZeroTokens:FusedLinear.SingleGroupedLinearThroughTheKernel' \
         > "$LOG/memcheck.txt" 2>&1
       note "memcheck (fused kernel edges)" $?
       grep -E "ERROR SUMMARY|PASSED|FAILED" "$LOG/memcheck.txt" | tail -4 | tee -a "$OUT/summary.txt" ;;
     groups)
-      timeout 150 "$B/bin/dsv4-gemm-bench" --config=configs/flash.json --singles=false --peers=false --reps=30 \
+      timeout 90 "$B/bin/dsv4-gemm-bench" --config=configs/flash.json --singles=false --peers=false --reps=30 \
         --warmup_ms=2 --json="$LOG/groups.json" --tag="$TAG" > "$LOG/groups.md" 2> "$LOG/groups.err"
       note "dsv4-gemm-bench groups" $?
       grep -E "^### group|^\| (1|8|32|128) \|" "$LOG/groups.md" | tee -a "$OUT/summary.txt" ;;
@@ -89,14 +92,16 @@ for step in $STEPS; do
       note "dsv4-gemm-bench singles T=1,8" $? ;;
     decode)
       for fuse in false true; do
-        timeout 120 $DECODE --fuse_projections=$fuse --json="$LOG/decode_fuse_$fuse.json" > "$LOG/decode_fuse_$fuse.txt" 2>&1
+        timeout 70 $DECODE --fuse_projections=$fuse --json="$LOG/decode_fuse_$fuse.json" > "$LOG/decode_fuse_$fuse.txt" 2>&1
         note "dsv4-decode-bench TP4 rank 0 fuse_projections=$fuse" $?
         grep -E "^\| *(1|64) \|" "$LOG/decode_fuse_$fuse.txt" | head -4 | tee -a "$OUT/summary.txt"
       done ;;
     ncu)
-      timeout 150 ncu --clock-control none --set full -k regex:LinearFusedKernel -c 4 -o "$LOG/fused_ncu" \
-        "$B/bin/dsv4-gemm-bench" --config=configs/flash.json --tp=1 --singles=false --peers=false --tokens=1 \
-        --reps=3 --warmup_ms=0 --json= > "$LOG/ncu_run.txt" 2>&1
+      # The ratio-4 group at T = 1, no weight rotation (ncu flushes the caches between passes): per column an eager
+      # launch, 3 warm-up and 3 timed replays; 40 launches cover the ops default and the four builds.
+      timeout 200 ncu --clock-control none --set full -k regex:LinearFusedKernel -c 40 -o "$LOG/fused_ncu" \
+        "$B/bin/dsv4-gemm-bench" --config=configs/flash.json --tp=1 --only=ratio-4 --singles=false --peers=false \
+        --tokens=1 --reps=3 --warmup_ms=0 --rotate_mb=1 --json= > "$LOG/ncu_run.txt" 2>&1
       note "ncu LinearFusedKernel" $?
       timeout 60 ncu --import "$LOG/fused_ncu.ncu-rep" --page details --csv > "$LOG/fused_ncu.csv" 2>&1
       timeout 60 ncu --import "$LOG/fused_ncu.ncu-rep" --page details > "$LOG/fused_ncu.txt" 2>&1
