@@ -7,8 +7,10 @@
 // bytes (the weight as stored + x f32 + y f32, the same for every column), the time over that floor, and the
 // relative error (by norm, over the first --ref_tokens tokens) against the CPU backend's Linear on the same
 // inputs. --variants also times the other kernels (FP8: the weight ring, the split-K kernel's register ring and
-// the tiled kernel, each with its own plan; ring depths and half / double splits) beside the automatic one (the
-// data the planner's choices rest on); --once launches plans once each for a profiler. docs/cuda-backend.md
+// the tiled kernel, each with its own plan; ring depths and half / double splits; the multi-weight kernel's builds
+// on the one weight) beside the automatic one (the data the planner's choices rest on); --once launches plans once
+// each for a profiler. --groups times the projection groups model/dsv4 fuses (separate linears vs one
+// FusedLinear). docs/cuda-backend.md
 // ("The linear's speed") and bench/RESULTS.md have the results.
 //
 //   dsv4-gemm-bench --config=configs/flash.json            TP 1 and TP 4, T = 1 .. 128, peers and variants
@@ -532,6 +534,21 @@ void RunShape(Ctx& ctx, const Shape& sh) {
           add(split->m_tiles == 1 ? "m2" : "m1", split->m_tiles == 1 ? 2 : 1, splits);
           add("s/2", split->m_tiles, splits / 2);
           add("s*2", split->m_tiles, splits * 2);
+        }
+      }
+      // The multi-weight kernel (linear_fused.cu) on this one weight, one entry per group: its default build
+      // ("mw"), the bit-move dequantisation ("mw bits") and the lean build ("lean", "lean bits", up to 8 tokens).
+      if (G <= kernels::cuda::kFusedMaxWeights) {
+        const std::vector<int64_t> rows(static_cast<size_t>(G), N);
+        add_plan("mw", kernels::cuda::PlanFusedLinear(t, rows, K, ctx.sms, kernels::cuda::kFusedMinBlocks));
+        if (fp8) {
+          add_plan("mw bits",
+                   kernels::cuda::PlanFusedLinear(t, rows, K, ctx.sms, kernels::cuda::kFusedMinBlocks, 0, true));
+        }
+        add_plan("lean", kernels::cuda::PlanFusedLinear(t, rows, K, ctx.sms, kernels::cuda::kFusedLeanBlocks));
+        if (fp8) {
+          add_plan("lean bits",
+                   kernels::cuda::PlanFusedLinear(t, rows, K, ctx.sms, kernels::cuda::kFusedLeanBlocks, 0, true));
         }
       }
       for (const auto& [what, plan] : plans) {

@@ -1,5 +1,6 @@
 // Self-consistency of the forward: prefill then decode equals decode alone; a batch of sequences at different
-// positions equals each run alone; production mode stays close to exact; fused projections give the same bits; the tiny model decodes a few
+// positions equals each run alone; production mode stays close to exact; fused projections give the same bits
+// (ModelOptions::fuse_projections); the tiny model decodes a few
 // hundred tokens quickly; bad inputs are refused with errors that name the problem.
 #include <chrono>
 #include <cmath>
