@@ -4,7 +4,8 @@
 // compressor's wkv / wgate BF16) for ratio-4, ratio-128 and ratio-0 layers, and of c_q (wq_b with the indexer's
 // wq_b, TP 1 and the TP-4 shard) - at every decode token count 1..128, through the default plan and every build
 // (default / lean, hardware / bit-move FP8 dequantisation); forced plans at ragged edges (K tails, rows past N,
-// unaligned rows, strides, bf16 x, K splits up to 64) including a single grouped linear run by this kernel; the
+// unaligned rows, strides, bf16 x, K splits up to 64) including a single grouped linear run by this kernel; a single
+// linear bit for bit against LinearSplitKernel at the same plan (the same computation by construction); the
 // bit-move dequantisation bit for bit against the hardware one (all 254 finite codes); repeats bit for bit; a CUDA
 // graph replay bit for bit; refusals; prefill and F32 falling back to one launch per weight. FusedLinearPlan: the
 // planner alone (host arithmetic: runs without a GPU, in CI).
@@ -339,6 +340,69 @@ TEST(FusedLinear, SingleGroupedLinearThroughTheKernel) {
       ASSERT_TRUE(b.cuda.Synchronize().ok());
       ExpectClose(absl::StrCat(o.what, " T=", o.t, " ", LinearPlanName(*plan)), Download(b.cuda, yg, o.t * o.n), want,
                   kTightRel);
+    }
+  }
+}
+
+// At the same work split the multi-weight kernel IS the split-K kernel's computation (same steps per warp in the
+// same order, same MMA mapping, x rounding and fixed-order reduction; its padding token columns are never stored),
+// so a single (grouped) linear through LinearSplitKernel (plan with min_blocks 0, stages 0) and through the
+// multi-weight kernel (the same plan with min_blocks set, hardware dequantisation) must give the same bits, at
+// ragged N and K, several token tiles, K split over warps and clusters, and raw (unrounded) x. A mismatch here
+// points at the new kernel's indexing, not at summation order.
+TEST(FusedLinear, SameBitsAsTheSplitKKernelAtTheSamePlan) {
+  DSV4_REQUIRE_GPU();
+  auto b = GetBackends();
+  const cudaStream_t stream = static_cast<CudaBackend&>(b.cuda).stream();
+  struct One {
+    std::string what;
+    WeightFormat format;
+    int64_t n, k;
+    int groups;
+  };
+  for (const One& o : std::vector<One>{{"fp8 wq_a", kFp8, 1024, 4096, 1},
+                                       {"bf16 compressor", kBf16, 512, 4096, 1},
+                                       {"fp8 ragged", kFp8, 130, 1072, 1},
+                                       {"bf16 ragged", kBf16, 200, 1072, 1},
+                                       {"fp8 groups of 40 rows", kFp8, 80, 256, 2}}) {
+    std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(o.what)));
+    HostWeight hw = RandomWeight(rng, o.format, o.n, o.k);
+    auto wg = b.cuda.PrepareLinear(hw.view);
+    ASSERT_TRUE(wg.ok()) << wg.status();
+    for (const int64_t t : {1, 5, 13, 40}) {
+      for (const bool raw_x : {false, true}) {
+        std::vector<float> x = RandomNormal(rng, t * o.k * o.groups);
+        if (!raw_x) RoundToBf16(x);
+        Buffer xg = Upload(b.cuda, x);
+        for (const int splits : {1, 4, 16}) {
+          const std::optional<LinearPlan> split =
+              PlanSplitKLinear(t, o.n / o.groups, o.k, o.groups, CurrentSms(), 1, splits);
+          ASSERT_TRUE(split.has_value()) << o.what << " T=" << t << " splits " << splits;
+          ASSERT_EQ(split->stages, 0);
+          ASSERT_EQ(split->min_blocks, 0);
+          std::vector<LinearPlan> fused_plans = {*split};
+          fused_plans.back().min_blocks = kFusedMinBlocks;
+          if (t <= 8) {
+            fused_plans.push_back(*split);
+            fused_plans.back().min_blocks = kFusedLeanBlocks;
+          }
+          auto run = [&](const LinearPlan& plan) {
+            Buffer y = Upload(b.cuda, std::vector<float>(static_cast<size_t>(t * o.n), kSentinel));
+            const absl::Status st = LaunchLinearWithPlan(
+                {.w = wg->get(), .x = {.data = xg.data()}, .y = y.as<float>(), .t = t, .groups = o.groups}, &plan,
+                stream);
+            EXPECT_TRUE(st.ok()) << LinearPlanName(plan) << ": " << st;
+            EXPECT_TRUE(b.cuda.Synchronize().ok());
+            return Download(b.cuda, y, t * o.n);
+          };
+          const std::vector<float> want = run(*split);
+          for (const LinearPlan& fp : fused_plans) {
+            ExpectBitEqual(absl::StrCat(o.what, " T=", t, raw_x ? " raw x " : " ", LinearPlanName(fp), " vs ",
+                                        LinearPlanName(*split)),
+                           run(fp), want);
+          }
+        }
+      }
     }
   }
 }
