@@ -35,7 +35,7 @@ struct DecodeBenchOptions {
   std::vector<int64_t> contexts = {8192, 32768};
   bool cuda_graphs = true;
   std::string attention_kernel = "mma";
-  bool fuse_projections = false;  // ModelOptions::fuse_projections (the projections of one input as one op)
+  bool fuse_projections = true;  // ModelOptions::fuse_projections (the projections of one input as one op)
   int warmup = 3;                  // untimed steps per point
   int reps = 10;                   // timed steps per point (median)
   int phase_reps = 3;              // timed replays per point (median per phase)

@@ -34,7 +34,7 @@ ABSL_FLAG(std::string, context, "8192,32768", "positions already in the cache of
 ABSL_FLAG(std::string, routing, "random", "random | skewed (20% of the experts get ~80% of the pairs)");
 ABSL_FLAG(bool, cuda_graphs, true, "replay the worker's captured decode graphs (false: eager steps)");
 ABSL_FLAG(std::string, attention_kernel, "mma", "sparse-MLA decode kernel: mma | simt");
-ABSL_FLAG(bool, fuse_projections, false,
+ABSL_FLAG(bool, fuse_projections, true,
           "ModelOptions::fuse_projections: the projections that read the same input as one FusedLinear launch");
 ABSL_FLAG(int, warmup, 3, "untimed steps per point");
 ABSL_FLAG(int, reps, 10, "timed steps per point (median)");

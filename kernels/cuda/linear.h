@@ -56,6 +56,9 @@ std::optional<LinearPlan> PlanRingLinear(int64_t t, int64_t n, int64_t k, int gr
 // (T > kSplitMaxTokens, the lean build above 8 tokens) or the x slice cannot fit.
 std::optional<LinearPlan> PlanFusedLinear(int64_t t, std::span<const int64_t> rows, int64_t k, int sms,
                                           int min_blocks = kFusedMinBlocks, int splits = 0, bool bit_dequant = false);
+// The plan FusedLinear launches without one: the lean build up to 8 tokens where it plans, the default build
+// otherwise (nullopt where neither does).
+std::optional<LinearPlan> AutoFusedLinearPlan(int64_t t, std::span<const int64_t> rows, int64_t k, int sms);
 // InvalidArgument unless `plan` is a multi-weight plan within that kernel's limits for these sizes.
 absl::Status CheckFusedPlan(const LinearPlan& plan, int64_t t, int64_t k, std::span<const int64_t> rows);
 // One weight of a multi-weight launch: rows [row0, row0 + n) of w (a group of a grouped weight, or all of it), read
@@ -69,8 +72,8 @@ struct FusedWeightRef {
 // Launches the multi-weight kernel with `plan` (checked first) over `refs` (FP8 or BF16, one Kin).
 absl::Status LaunchFusedWeights(std::span<const FusedWeightRef> refs, const ActView& x, int64_t t, int64_t x_stride,
                                 const LinearPlan& plan, cudaStream_t stream);
-// The ops' FusedLinear with `plan` instead of the automatic choice (null: LaunchFusedLinear's: PlanFusedLinear's
-// default build for 2+ FP8/BF16 weights up to kSplitMaxTokens tokens, one LaunchLinear each otherwise).
+// The ops' FusedLinear with `plan` instead of the automatic choice (null: LaunchFusedLinear's: AutoFusedLinearPlan's
+// build for 2+ FP8/BF16 weights up to kSplitMaxTokens tokens, one LaunchLinear each otherwise).
 absl::Status LaunchFusedLinearWithPlan(const FusedLinearArgs& a, const LinearPlan* plan, cudaStream_t stream);
 // "splitk m1 n1 w8x1 c2 ks512 st4", "tiled m2 n1 w8x1", "splitk m1 n1 w8x1 c4 ks1024 mb4 bits".
 std::string LinearPlanName(const LinearPlan& plan);

@@ -55,11 +55,12 @@ absl::Status LaunchMoe(const MoeArgs& a, const CudaScratch& scratch, cudaStream_
   DSV4_ASSIGN_OR_RETURN(const moe::ScratchPointers s,
                         moe::CarveScratch(scratch, moe::MakeScratchPlan(a.t, E, a.topk, D, I, Is)));
 
-  // Shared expert: y = W2 (silu(min(W1 x, L)) * clamp(W3 x, -L, L)).
-  DSV4_RETURN_IF_ERROR(LaunchLinear(
-      {.w = a.shared_w1, .x = {.data = a.x, .dtype = DType::kF32}, .y = s.shared_g, .t = a.t}, stream));
-  DSV4_RETURN_IF_ERROR(LaunchLinear(
-      {.w = a.shared_w3, .x = {.data = a.x, .dtype = DType::kF32}, .y = s.shared_v, .t = a.t}, stream));
+  // Shared expert: y = W2 (silu(min(W1 x, L)) * clamp(W3 x, -L, L)). W1 and W3 read the same x: one multi-weight
+  // launch (at T = 1 on the H200: 12.0 us for the flash pair against 15.3 as two linears; TP 4 shard 6.5 vs 10.9).
+  FusedLinearArgs w13{.x = {.data = a.x, .dtype = DType::kF32}, .t = a.t, .count = 2};
+  w13.out[0] = {.w = a.shared_w1, .y = s.shared_g};
+  w13.out[1] = {.w = a.shared_w3, .y = s.shared_v};
+  DSV4_RETURN_IF_ERROR(LaunchFusedLinear(w13, stream));
   DSV4_RETURN_IF_ERROR(
       moe::LaunchMoeSwiglu({.g = s.shared_g, .v = s.shared_v, .n = a.t * Is, .limit = a.swiglu_limit}, stream));
   DSV4_RETURN_IF_ERROR(

@@ -78,10 +78,10 @@ struct ModelOptions {
   int64_t max_step_tokens = 2048;
   int64_t max_context = 8192;
   // The projections that read the same input as one FusedLinear op each (ops.h): wq_a, wkv and the compressor and
-  // indexer projections of the normed hidden state; wq_b and the indexer's wq_b of c_q. Off: one Linear each (the
-  // default until the CUDA backend's multi-weight launch is measured; results agree within the linear's tolerance,
-  // bit for bit on the CPU backend).
-  bool fuse_projections = false;
+  // indexer projections of the normed hidden state; wq_b and the indexer's wq_b of c_q. On by default: on the H200
+  // the TP 4 decode step is 10% shorter at B = 1 and 9% at B = 64 (bench/RESULTS.md); off: one Linear each (results
+  // agree within the linear's tolerance, bit for bit on the CPU backend).
+  bool fuse_projections = true;
   // Called by Load after each main layer's weights are in memory (progress lines on long loads); may be empty.
   std::function<void(int layers_loaded, int layers_total)> on_layer_loaded = nullptr;
   // Mapped or streamed weight loading (weights.h; the worker's --weight-load).

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call that checks and measures a tree on the H200 (used by the fourth session; reusable): the whole
+# gpu-labelled suite, the decode bench runs, and the single-linear table with the multi-weight kernel's builds.
+# Here:  scripts/gpu-tests.sh bundle build-h200 .gpu/gpu-tests (strip, tar cJf .gpu/gpu-tests.tar.xz gpu-tests),
+#        /work/shared/gpu/bundle.sh .gpu/decode-bench build-h200/bench/decode/dsv4-decode-bench \
+#          build-h200/bench/gemm/dsv4-gemm-bench && cp bench/decode/run_h200.sh .gpu/decode-bench/
+# There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench)
+# STEPS: any of suite decode singles decode_a (default: all four, ~8 minutes). Logs under OUT.
+set -u
+OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
+mkdir -p "$OUT"
+for s in $STEPS; do
+  echo "=== $s $(date +%T)"
+  case $s in
+    suite) rm -rf .gpu/gpu-tests && tar xJf .gpu/gpu-tests.tar.xz -C .gpu
+           timeout 300 bash .gpu/gpu-tests/run.sh "$OUT/suite" > "$OUT/suite.txt" 2>&1; echo "rc=$?"; cat "$OUT/suite.txt" ;;
+    decode) bash .gpu/decode-bench/run_h200.sh "$OUT" "b c d"; mv "$OUT/decode-bench.tgz" "$OUT/decode-bcd.tgz" ;;
+    decode_a) bash .gpu/decode-bench/run_h200.sh "$OUT" "a"; mv "$OUT/decode-bench.tgz" "$OUT/decode-a.tgz" ;;
+    singles) LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 150 .gpu/decode-bench/bin/dsv4-gemm-bench \
+               --config=configs/flash.json --groups=false --peers=false --tokens=1,2,4,8,16 --reps=20 --warmup_ms=2 \
+               --json="$OUT/singles.json" > "$OUT/singles.md" 2> "$OUT/singles.err"; echo "rc=$?" ;;
+    *) echo "unknown step $s" ;;
+  esac
+done
