@@ -208,6 +208,14 @@ LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, 
   const bool fp8 = format == LinearKernelFormat::kFp8;
   if (fp8) {
     const int64_t bytes = rows * k;
+    // The multi-weight kernel's lean build (4 blocks of <= 64-register warps per SM, one group per entry) on large
+    // weights with long rows at decode sizes: wo_a (8 groups of 1024 x 4096) 23.0 -> 19.9 us at T = 1 and 27.1 ->
+    // 22.5 at T = 8, wo_b (4096 x 8192) 23.2 -> 19.6 / 26.3 -> 22.1 on the H200 (bench/RESULTS.md "Fourth
+    // session"); at K = 1024 (wq_b) and below 16 MB the split-K / tiled kernels stay as fast or faster.
+    if (t <= 8 && bytes >= (int64_t{16} << 20) && k >= 4096 && groups <= kFusedMaxWeights) {
+      const std::vector<int64_t> group_rows(static_cast<size_t>(groups), n);
+      if (std::optional<LinearPlan> lean = PlanFusedLinear(t, group_rows, k, sms, kFusedLeanBlocks)) return *lean;
+    }
     const int64_t ring_from = t > 64 ? int64_t{6} << 20 : t > 32 ? int64_t{16} << 20 : t > 16 ? int64_t{32} << 20 : -1;
     if (ring_from > 0 && bytes >= ring_from) {
       if (std::optional<LinearPlan> plan = PlanRingLinear(t, n, k, groups, sms)) return *plan;
@@ -304,25 +312,27 @@ absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, c
   const int64_t x_esize = x_bf16 ? 2 : 4;
   const bool vec = (k * w_esize) % 16 == 0 && (k * x_esize) % 16 == 0 && (xs * x_esize) % 16 == 0 &&
                    Aligned16(w->data()) && Aligned16(a.x.data);
-  if (plan != nullptr && plan->min_blocks > 0 && format != LinearKernelFormat::kF32) {
+  LinearPlan pl;
+  if (format != LinearKernelFormat::kF32) {
+    pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
+  }
+  if (pl.min_blocks > 0 && format != LinearKernelFormat::kF32) {
     // The multi-weight kernel (linear_fused.cu), one entry per group.
     if (a.groups > kFusedMaxWeights) {
-      return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(*plan), " takes at most ",
+      return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " takes at most ",
                                                      kFusedMaxWeights, " groups, got ", a.groups));
     }
     std::vector<FusedWeightRef> refs;
     for (int g = 0; g < a.groups; ++g) {
       refs.push_back({.w = w, .row0 = g * n, .n = n, .x_col = g * k, .y = a.y + g * n, .y_stride = ys});
     }
-    return LaunchFusedWeights(refs, a.x, a.t, xs, *plan, stream);
+    return LaunchFusedWeights(refs, a.x, a.t, xs, pl, stream);
   }
-  LinearPlan pl;
   if (format == LinearKernelFormat::kF32) {
     if (CeilDiv(a.t, 4) > 65535 || a.groups > 65535) {
       return absl::InvalidArgumentError(absl::StrCat("linear: ", a.t, " tokens x ", a.groups, " groups is too large"));
     }
   } else {
-    pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
     if (pl.kernel == LinearKernel::kSplitK && pl.stages > 0) {
       // The ring streams FP8 only, with cp.async of whole 16-byte units (vec), one block scale per 16-row tile
       // (groups == 1 or N % 16 == 0), and within this device's shared memory; otherwise the register ring.

@@ -246,9 +246,39 @@ TEST(FusedLinearPlan, FlashGroupsEveryTokenCount) {
   int64_t tiles = 0;
   for (const int64_t r : r4) tiles += (r + 15) / 16;
   EXPECT_GE(tiles * p.cluster * p.warps_k, 2 * 132) << LinearPlanName(p);
+  // The automatic choice: the lean build up to 8 tokens, the default one above, for every flash group.
+  for (const auto& [g, gk] : groups) {
+    for (const int64_t t : {1, 4, 8, 9, 16, 64, 128}) {
+      const std::optional<LinearPlan> a = AutoFusedLinearPlan(t, g, gk, 132);
+      ASSERT_TRUE(a.has_value()) << "rows[0] " << g[0] << " T " << t;
+      EXPECT_EQ(a->min_blocks, t <= 8 ? kFusedLeanBlocks : kFusedMinBlocks) << "rows[0] " << g[0] << " T " << t;
+      EXPECT_FALSE(a->bit_dequant);
+    }
+  }
+  EXPECT_FALSE(AutoFusedLinearPlan(1, std::vector<int64_t>(9, 16), 128, 132).has_value());
   EXPECT_FALSE(PlanFusedLinear(1, std::vector<int64_t>(9, 16), 128, 132).has_value());  // more than 8 weights
   EXPECT_FALSE(PlanFusedLinear(1, std::vector<int64_t>{16, 0}, 128, 132).has_value());  // an empty weight
   EXPECT_FALSE(PlanFusedLinear(1, rows, 4096, 132, 3).has_value());                      // no such build
+}
+
+// The single linear's automatic plan (host arithmetic, CI): the multi-weight kernel's lean build for FP8 weights of
+// >= 16 MB with K >= 4096 at T <= 8 (flash wo_a, 8 groups of 1024 x 4096, and wo_b, 4096 x 8192), the other
+// kernels for short rows (wq_b, K = 1024), small weights (the TP 4 shards), BF16 and more tokens.
+TEST(FusedLinearPlan, AutoLinearPlanTakesTheLeanBuildOnLargeLongRowWeights) {
+  for (const int64_t t : {1, 2, 4, 8}) {
+    const LinearPlan wo_a = AutoLinearPlan(t, 1024, 4096, 8, 132, LinearKernelFormat::kFp8);
+    const LinearPlan wo_b = AutoLinearPlan(t, 4096, 8192, 1, 132, LinearKernelFormat::kFp8);
+    EXPECT_EQ(wo_a.min_blocks, kFusedLeanBlocks) << t << " " << LinearPlanName(wo_a);
+    EXPECT_EQ(wo_b.min_blocks, kFusedLeanBlocks) << t << " " << LinearPlanName(wo_b);
+    EXPECT_TRUE(CheckFusedPlan(wo_a, t, 4096, std::vector<int64_t>(8, 1024)).ok());
+    EXPECT_TRUE(CheckFusedPlan(wo_b, t, 8192, std::vector<int64_t>{4096}).ok());
+    EXPECT_EQ(AutoLinearPlan(t, 32768, 1024, 1, 132, LinearKernelFormat::kFp8).min_blocks, 0) << t;  // wq_b
+    EXPECT_EQ(AutoLinearPlan(t, 1024, 4096, 2, 132, LinearKernelFormat::kFp8).min_blocks, 0) << t;   // wo_a TP 4
+    EXPECT_EQ(AutoLinearPlan(t, 4096, 2048, 1, 132, LinearKernelFormat::kFp8).min_blocks, 0) << t;   // wo_b TP 4
+    EXPECT_EQ(AutoLinearPlan(t, 4096, 8192, 1, 132, LinearKernelFormat::kBf16).min_blocks, 0) << t;
+  }
+  EXPECT_EQ(AutoLinearPlan(9, 4096, 8192, 1, 132, LinearKernelFormat::kFp8).min_blocks, 0);
+  EXPECT_EQ(AutoLinearPlan(1, 1024, 4096, 9, 132, LinearKernelFormat::kFp8).min_blocks, 0);  // > 8 groups
 }
 
 TEST(FusedLinear, FlashRatio4GroupEveryTokenCount) {
