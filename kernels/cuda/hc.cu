@@ -126,17 +126,19 @@ __device__ void FinishMix(const HcMixParams& p, int64_t r, float norm_eps, float
   __syncthreads();
 }
 
-// out[k] = sum_i w[i] x_i[k] in stream order (the CPU's accumulation). Four dims per thread with 16-byte loads
-// where the rows allow it, so a block keeps all its loads in flight (the per-token finish is latency-bound).
+// out[k] = sum_i w[i] x_i[k] in stream order (the CPU's accumulation), by threads [first, first + count) of the
+// block. Four dims per thread with 16-byte loads where the rows allow it, so the threads keep all their loads in
+// flight (the per-token finish is latency-bound). Which thread computes an output does not change its bits.
 template <int S>
-__device__ void MixStreams(const float* x, const float* w, int64_t d, float* out) {
+__device__ void MixStreams(const float* x, const float* w, int64_t d, float* out, int first, int count) {
+  const int tid = static_cast<int>(threadIdx.x) - first;
   const bool vec = d % 4 == 0 && (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out)) % 16 == 0;
   if (vec) {
     const int64_t d4 = d / 4;
     const float4* x4 = reinterpret_cast<const float4*>(x);
     float4* out4 = reinterpret_cast<float4*>(out);
 #pragma unroll 4
-    for (int64_t k = threadIdx.x; k < d4; k += blockDim.x) {
+    for (int64_t k = tid; k < d4; k += count) {
       float4 xv[S];
 #pragma unroll
       for (int i = 0; i < S; ++i) xv[i] = x4[i * d4 + k];
@@ -152,7 +154,7 @@ __device__ void MixStreams(const float* x, const float* w, int64_t d, float* out
     }
     return;
   }
-  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
+  for (int64_t k = tid; k < d; k += count) {
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < S; ++i) acc = MulAdd(w[i], x[i * d + k], acc);
@@ -199,21 +201,25 @@ __global__ void __launch_bounds__(kFinishThreads) HcPreFinishKernel(const HcPreP
   __shared__ float pre[S];
   const int64_t t = blockIdx.x;
   FinishMix<M>(p.mix, t, p.norm_eps, mix);
-  if (threadIdx.x < 32) {
-    const float eps = p.hc_eps;
+  const float eps = p.hc_eps;
+  if (threadIdx.x < S) {
     const int lane = threadIdx.x;
-    if (lane < S) {
-      pre[lane] = __fadd_rn(Sigmoid(MulAdd(p.scale[0], mix[lane], p.base[lane])), eps);
-      p.post[t * S + lane] = __fmul_rn(2.f, Sigmoid(MulAdd(p.scale[1], mix[S + lane], p.base[S + lane])));
-    }
+    pre[lane] = __fadd_rn(Sigmoid(MulAdd(p.scale[0], mix[lane], p.base[lane])), eps);
+    p.post[t * S + lane] = __fmul_rn(2.f, Sigmoid(MulAdd(p.scale[1], mix[S + lane], p.base[S + lane])));
+  }
+  __syncthreads();
+  // The Sinkhorn (a dependent chain of ~2 * iters divisions) on warp 0 while the other warps mix the streams with
+  // `pre`: the two do not depend on each other, so the block's time is the longer of them, not their sum.
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
     const int cell = lane % (S * S);
     const float logit = MulAdd(p.scale[2], mix[2 * S + cell], p.base[2 * S + cell]);
     const int iters = p.sinkhorn_iters > 1 ? p.sinkhorn_iters : 1;  // columns are normalised at least once
     const float c = SinkhornLane<S>(logit, iters, eps);
     if (lane < S * S) p.comb[t * S * S + lane] = c;
+  } else {
+    MixStreams<S>(p.mix.x + t * S * p.mix.d, pre, p.mix.d, p.u + t * p.mix.d, 32, kFinishThreads - 32);
   }
-  __syncthreads();
-  MixStreams<S>(p.mix.x + t * S * p.mix.d, pre, p.mix.d, p.u + t * p.mix.d);
 }
 
 template <int S>
@@ -233,7 +239,7 @@ __global__ void __launch_bounds__(kFinishThreads) HcHeadFinishKernel(const HcHea
         __fadd_rn(Sigmoid(MulAdd(p.scale[0], mix[threadIdx.x], p.base[threadIdx.x])), p.hc_eps);
   }
   __syncthreads();
-  MixStreams<S>(p.mix.x + tok * S * p.mix.d, pre, p.mix.d, h);
+  MixStreams<S>(p.mix.x + tok * S * p.mix.d, pre, p.mix.d, h, 0, kFinishThreads);
 }
 
 // One thread per (token, dim): all S output streams from the S input streams and the sublayer output.
