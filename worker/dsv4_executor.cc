@@ -47,6 +47,7 @@ class Dsv4Executor final : public ModelExecutor {
     mo.max_step_tokens = o.max_step_tokens;
     mo.max_context = o.max_context;
     mo.on_layer_loaded = o.on_layer_loaded;
+    mo.fuse_projections = o.fuse_projections;
     DSV4_ASSIGN_OR_RETURN(mo.weight_load.mode, model::ParseWeightLoadMode(o.weight_load));
     DSV4_ASSIGN_OR_RETURN(model_, model::Dsv4Model::Load(o.checkpoint, mo));
     const Config& c = model_->config();
@@ -209,6 +210,12 @@ absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4Execut
   auto ex = std::make_unique<Dsv4Executor>(std::move(backend), std::move(collectives), std::move(timer));
   DSV4_RETURN_IF_ERROR(ex->Load(o));
   return std::unique_ptr<ModelExecutor>(std::move(ex));
+}
+
+Dsv4ExecutorOptions ExecutorOptions(const WorkerOptions& o) {
+  return {.checkpoint = o.checkpoint, .mode = o.mode, .backend = o.backend, .device = o.device,
+          .attention_kernel = o.attention_kernel, .threads = o.threads, .weight_load = o.weight_load,
+          .fuse_projections = o.fuse_projections, .max_step_tokens = MaxStepTokens(o), .max_context = o.max_context};
 }
 
 }  // namespace dsv4::worker

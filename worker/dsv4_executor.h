@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "metrics/phase_timer.h"
 #include "worker/model_executor.h"
+#include "worker/options.h"
 
 namespace dsv4::comm {
 class Communicator;
@@ -27,6 +28,7 @@ struct Dsv4ExecutorOptions {
   std::string attention_kernel = "mma";  // CUDA sparse-MLA decode kernel, mma | simt
   int threads = 0;              // CPU backend threads; 0 = all cores
   std::string weight_load = "auto";  // auto | mapped | streamed (model/dsv4/weights.h)
+  bool fuse_projections = true;      // ModelOptions::fuse_projections
   int64_t max_step_tokens = 2048;  // the largest step the engine runs (prefill chunk + decode tokens)
   int64_t max_context = 8192;      // the longest sequence (positions)
   // Decode time by phase: the executor makes its timer (on the backend's stream for CUDA) feeding this sink,
@@ -38,6 +40,10 @@ struct Dsv4ExecutorOptions {
   // this rank's shard and all-reduces / gathers inside its forward. Null: the whole model (world 1).
   comm::Communicator* tp_comm = nullptr;
 };
+
+// The executor options every rank of a worker derives from its flags (the leader adds metrics, progress and its
+// group).
+Dsv4ExecutorOptions ExecutorOptions(const WorkerOptions& o);
 
 // Loads the checkpoint (this rank's shard with tp_comm); errors name the tensor or field that failed.
 absl::StatusOr<std::unique_ptr<ModelExecutor>> LoadDsv4Executor(const Dsv4ExecutorOptions& options);

@@ -63,6 +63,9 @@ ABSL_FLAG(std::string, attention_kernel, kDefaults.attention_kernel,
 ABSL_FLAG(std::string, weight_load, kDefaults.weight_load,
           "auto | mapped | streamed: how the weights reach the backend (auto: streamed from disk to a GPU when a rank "
           "reads >= 3 GB, mapped otherwise)");
+ABSL_FLAG(bool, fuse_projections, kDefaults.fuse_projections,
+          "the projections that read one input (wq_a, wkv, compressor and indexer projections; wq_b with the "
+          "indexer's) run as one multi-weight launch each; false: one linear each (same maths, other sum order)");
 ABSL_FLAG(bool, cuda_graphs, kDefaults.cuda_graphs,
           "cuda: decode-only steps replay one CUDA graph per batch bucket (false: the same padded steps run eagerly)");
 ABSL_FLAG(double, gpu_memory_fraction, kDefaults.gpu_memory_fraction,
@@ -115,6 +118,7 @@ WorkerOptions OptionsFromFlags(const std::set<std::string>& given_flags) {
   o.device = absl::GetFlag(FLAGS_device);
   o.attention_kernel = absl::GetFlag(FLAGS_attention_kernel);
   o.weight_load = absl::GetFlag(FLAGS_weight_load);
+  o.fuse_projections = absl::GetFlag(FLAGS_fuse_projections);
   o.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.gpu_memory_fraction = absl::GetFlag(FLAGS_gpu_memory_fraction);
   o.max_batch = absl::GetFlag(FLAGS_max_batch);

@@ -117,7 +117,7 @@ std::string DescribeOptions(const WorkerOptions& o) {
   } else {
     absl::StrAppend(&out, " (threads ", o.threads, ", mem fraction ", o.mem_fraction, ")");
   }
-  absl::StrAppend(&out, ", weight load ", o.weight_load, ", mode ", o.mode, ", group ", o.group, " rank ", o.rank, " of ", o.world, ", max batch ",
+  absl::StrAppend(&out, ", weight load ", o.weight_load, o.fuse_projections ? "" : ", projections unfused", ", mode ", o.mode, ", group ", o.group, " rank ", o.rank, " of ", o.world, ", max batch ",
                   o.max_batch, ", max context ", o.max_context, ", prefill chunk ", o.prefill_chunk, ", page rows ",
                   o.page_rows, ", kv pages ", o.kv_pages == 0 ? std::string("auto") : absl::StrCat(o.kv_pages),
                   ", listen ", o.listen);

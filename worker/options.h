@@ -18,6 +18,8 @@ struct WorkerOptions {
   int device = 0;                          // --device: GPU ordinal (cuda)
   std::string attention_kernel = "mma";    // --attention-kernel: cuda sparse-MLA decode kernel, mma | simt
   std::string weight_load = "auto";        // --weight-load: auto | mapped | streamed (model/dsv4/weights.h)
+  bool fuse_projections = true;            // --fuse-projections: the projections of one input as one launch
+                                           // (ModelOptions::fuse_projections; false: one linear each)
   bool cuda_graphs = true;                 // --cuda-graphs: decode steps replay per-bucket CUDA graphs (cuda);
                                            // false: the same padded steps, launched eagerly
   double gpu_memory_fraction = 0.9;        // --gpu-memory-fraction: share of the GPU's memory this worker uses

@@ -42,12 +42,6 @@ void WatchSignals(const sigset_t& signals, double drain_timeout_s, int rank) {
 
 }  // namespace
 
-Dsv4ExecutorOptions ExecutorOptions(const WorkerOptions& o) {
-  return {.checkpoint = o.checkpoint, .mode = o.mode, .backend = o.backend, .device = o.device,
-          .attention_kernel = o.attention_kernel, .threads = o.threads, .weight_load = o.weight_load,
-          .max_step_tokens = MaxStepTokens(o), .max_context = o.max_context};
-}
-
 absl::StatusOr<comm::GroupOptions> MakeGroupOptions(const WorkerOptions& o) {
   comm::GroupOptions g;
   g.rank = o.rank;

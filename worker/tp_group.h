@@ -26,9 +26,6 @@ namespace dsv4::worker {
 // The group options of this rank (fingerprint of --checkpoint, --host, --leader, the two timeouts).
 absl::StatusOr<comm::GroupOptions> MakeGroupOptions(const WorkerOptions& o);
 
-// The executor options every rank derives from its flags (the leader adds metrics, progress and its group).
-Dsv4ExecutorOptions ExecutorOptions(const WorkerOptions& o);
-
 // Rank 0 of a group of world > 1: starts the rendezvous store; null for world 1.
 absl::StatusOr<std::unique_ptr<comm::RendezvousLeader>> MakeRendezvousLeader(const WorkerOptions& o);
 

@@ -943,7 +943,9 @@ int Main() {
         const LinearPlan p = kernels::cuda::AutoLinearPlan(t, s.n, s.k, s.groups, sms, KernelFormat(s));
         std::printf("  T=%-4lld %s, %lld bytes of shared memory\n", static_cast<long long>(t),
                     kernels::cuda::LinearPlanName(p).c_str(),
-                    static_cast<long long>(kernels::cuda::internal::LinearSharedBytes(p)));
+                    static_cast<long long>(p.min_blocks > 0
+                                               ? kernels::cuda::internal::FusedSharedBytes(p, std::min<int64_t>(t, 8 * p.n_tiles))
+                                               : kernels::cuda::internal::LinearSharedBytes(p)));
       }
     }
     if (absl::GetFlag(FLAGS_groups)) {

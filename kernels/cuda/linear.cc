@@ -201,7 +201,9 @@ LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms)
 // tokens on 32 MiB weights (wo_a 49.2 vs 55.6 us, wo_b 43.7 vs 51.7 at T = 32), above 32 on >= 16 MiB (fused
 // w1+w3 44.1 vs 51.4 at T = 64), above 64 on >= 6 MiB (shared w1 43.5 vs 50.8, wq_b 97 vs 106 at T = 128); it
 // loses below that (wq_b 21.3 vs 15.8 us at T = 1: bench/RESULTS.md has the ncu account). Prefill
-// (> kSplitMaxTokens tokens) is tiled. cuBLASLt, faster at T >= 16 (bf16 on dequantised weights) and on the
+// (> kSplitMaxTokens tokens) is tiled. Since the fourth session (bench/RESULTS.md "Fourth session"), up to 8 tokens
+// FP8 weights of >= 16 MiB with K >= 4096 take the multi-weight kernel's lean build (wo_a 19.9 vs 23.0 us, wo_b
+// 19.9 vs 23.2 at T = 1). cuBLASLt, faster at T >= 16 (bf16 on dequantised weights) and on the
 // largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not called: docs/cuda-backend.md.
 LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format) {
   const int64_t rows = n * groups;

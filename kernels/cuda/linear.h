@@ -36,8 +36,8 @@ class CudaLinearWeight final : public LinearWeight {
 };
 
 // Plans of the tensor-core kernels for T tokens of a [groups * n, k] weight on `sms` SMs (linear_params.h).
-// AutoLinearPlan is what LaunchLinear runs (the per-shape kernel choice, from measurements: linear.cc); the
-// others let dsv4-gemm-bench time alternatives in the same run.
+// AutoLinearPlan is what LaunchLinear runs (the per-shape kernel choice, from measurements: linear.cc; a plan with
+// min_blocks > 0 runs on the multi-weight kernel); the others let dsv4-gemm-bench time alternatives in the same run.
 LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format);
 // kSplitK with m_tiles (1, 2; 0: chosen) and splits = cluster * warps_k (a power of two <= 64; 0: chosen);
 // nullopt above kSplitMaxTokens or when the x slice cannot fit shared memory.

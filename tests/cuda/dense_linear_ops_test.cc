@@ -140,7 +140,7 @@ TEST(DenseLinear, Fp8EveryDecodeTokenCount) {
   }
   CheckLinear({.what = "wkv", .n = 512, .k = 4096, .t = 32});
   CheckLinear({.what = "wkv", .n = 512, .k = 4096, .t = 128});
-  CheckLinear({.what = "wo_b (cluster of 8)", .n = 4096, .k = 8192, .t = 1});
+  CheckLinear({.what = "wo_b (lean multi-weight build)", .n = 4096, .k = 8192, .t = 1});
   CheckLinear({.what = "wo_b", .n = 4096, .k = 8192, .t = 4});
   CheckLinear({.what = "indexer wq_b, 4 token tiles", .n = 8192, .k = 1024, .t = 128});
   CheckLinear({.what = "indexer wq_b, a partial token tile", .n = 8192, .k = 1024, .t = 100});

@@ -127,9 +127,13 @@ TEST(ConsistencyTest, ProductionCloseToExact) {
 // prefill chunk and single-token steps; ratio-4 and ratio-128 layers).
 TEST(ConsistencyTest, FusedProjectionsGiveTheSameBits) {
   for (const NumericMode mode : {NumericMode::kExact, NumericMode::kProduction}) {
-    Dsv4Model& plain = TinyModel(mode);
+    // Both options explicit: the default is fused, so the plain model must ask for one Linear per projection.
+    auto unfused =
+        Dsv4Model::Load(TinyCheckpoint(), {.mode = mode, .backend = &TestBackend(), .fuse_projections = false});
     auto fused = Dsv4Model::Load(TinyCheckpoint(), {.mode = mode, .backend = &TestBackend(), .fuse_projections = true});
+    ASSERT_TRUE(unfused.ok()) << unfused.status();
     ASSERT_TRUE(fused.ok()) << fused.status();
+    Dsv4Model& plain = **unfused;
     const auto tokens = RandomTokens(160, 11, static_cast<int>(plain.config().vocab_size));
     auto pa = generate::AllocateSequences(plain, 1, 160);
     auto pb = generate::AllocateSequences(**fused, 1, 160);

@@ -1,11 +1,14 @@
-// dsv4-worker's backend flags (--backend, --attention-kernel, --weight-load, --gpu-memory-fraction, --mem-fraction,
-// --cuda-graphs) and the CUDA-graph bucket ladder: what ValidateOptions (and so --validate-only) accepts and refuses, by name.
+// dsv4-worker's backend flags (--backend, --attention-kernel, --weight-load, --fuse-projections, --gpu-memory-fraction,
+// --mem-fraction, --cuda-graphs) and the CUDA-graph bucket ladder: what ValidateOptions (and so --validate-only) accepts and refuses, by name.
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/options.h"
+#if defined(DSV4_WORKER_HAVE_MODEL)
+#include "worker/dsv4_executor.h"
+#endif
 
 namespace dsv4::worker {
 namespace {
@@ -87,7 +90,20 @@ TEST(WorkerOptions, DescribeNamesTheDeploymentChoices) {
   EXPECT_THAT(d, HasSubstr("backend cuda"));
   EXPECT_THAT(d, HasSubstr("cuda graphs off"));
   EXPECT_THAT(d, HasSubstr("attention mma"));
+  EXPECT_THAT(d, ::testing::Not(HasSubstr("unfused")));
+  o.fuse_projections = false;
+  EXPECT_THAT(DescribeOptions(o), HasSubstr("projections unfused"));
 }
+
+#if defined(DSV4_WORKER_HAVE_MODEL)
+// --fuse-projections reaches the model's options through the executor options every rank builds.
+TEST(WorkerOptions, FuseProjectionsReachesTheExecutor) {
+  WorkerOptions o = Cuda();
+  EXPECT_TRUE(ExecutorOptions(o).fuse_projections);
+  o.fuse_projections = false;
+  EXPECT_FALSE(ExecutorOptions(o).fuse_projections);
+}
+#endif
 
 }  // namespace
 }  // namespace dsv4::worker
