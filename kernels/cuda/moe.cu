@@ -26,6 +26,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/moe_internal.h"
 #include "kernels/cuda/moe_pdl.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda::moe {
 namespace {
@@ -276,6 +277,7 @@ __global__ void CombineKernel(MoeCombineParams p) {
 }
 
 __global__ void SwigluKernel(MoeSwigluParams p) {
+  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   const float g = fminf(p.g[i], p.limit);
@@ -344,7 +346,11 @@ absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
 
 absl::Status LaunchMoeSwiglu(const MoeSwigluParams& p, cudaStream_t stream) {
   if (p.n == 0) return absl::OkStatus();
-  SwigluKernel<<<static_cast<unsigned>((p.n + 255) / 256), 256, 0, stream>>>(p);
+  if (const cudaError_t pdl_err =
+          LaunchPdl(SwigluKernel, dim3(static_cast<unsigned>((p.n + 255) / 256)), dim3(256), 0, stream, p);
+      pdl_err != cudaSuccess) {
+    return CudaStatus(pdl_err, "SwigluKernel launch");
+  }
   return CudaStatus(cudaGetLastError(), "MoE shared SwiGLU launch");
 }
 
