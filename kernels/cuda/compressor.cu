@@ -221,7 +221,7 @@ __device__ void UpdateState(const CompressorParams& p, const SeqCtx& s, int32_t 
 }
 
 __global__ void __launch_bounds__(kMaxDim) CompressorKernel(const CompressorParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   __shared__ float buf[kMaxDim];
   __shared__ double red[kMaxDim / 32];
   SeqCtx s;
@@ -291,11 +291,7 @@ absl::Status LaunchCompressor(const CompressorArgs& a, cudaStream_t stream) {
   const int64_t most = (int64_t{a.step.max_seq_len} + a.ratio - 1) / a.ratio;
   const int64_t blocks_x = 1 + std::max<int64_t>(0, most - halves);
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.step.b));
-  if (const cudaError_t pdl_err = LaunchPdl(CompressorKernel, dim3(grid), dim3(a.d), 0, stream, p);
-      pdl_err != cudaSuccess) {
-    return CudaStatus(pdl_err, "CompressorKernel launch");
-  }
-  return attn::LaunchStatus("Compressor");
+  return CudaStatus(LaunchPdl(CompressorKernel, grid, dim3(a.d), 0, stream, p), "Compressor");
 }
 
 }  // namespace dsv4::kernels::cuda

@@ -22,7 +22,7 @@ unsigned GridFor(int64_t n, int64_t per_block, int64_t max_blocks) {
 
 // One block per token: the table row (zeros for padding or an id outside the table) into every stream.
 __global__ void __launch_bounds__(kThreads) EmbedKernel(const EmbedParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   const int64_t t = blockIdx.x;
   const int32_t tok = p.tokens[t];
   const bool ok = p.pos[t] >= 0 && tok >= 0 && tok < p.v;
@@ -59,7 +59,7 @@ __device__ double BlockSum(double v, double* shared) {
 // boundaries (every row of the model) move as float4 with four loads in flight per thread: the op is a short
 // latency-bound pass per row at decode sizes.
 __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   __shared__ double partial[kThreads / 32];
   const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.dim;
   float* out = p.out + static_cast<int64_t>(blockIdx.x) * p.dim;
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p)
 
 // One block per token: cos/sin of each pair once (shared), then every head's pairs.
 __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
-  PdlEnter();                    // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   extern __shared__ float cs[];  // [pairs] cos, then [pairs] sin
   const int64_t t = blockIdx.x;
   const int32_t pos = p.pos[t];
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) ScaleKernel(const ScaleParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   const int64_t n = p.rows * p.dim;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     p.x[i] *= p.scale;
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads) ScaleKernel(const ScaleParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) FillKernel(const FillParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n; i += int64_t{gridDim.x} * blockDim.x) {
     p.x[i] = p.value;
   }
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kThreads) FillKernel(const FillParams p) {
 // elements (32 / E lanes), the ue8m0 scale 2^ceil(log2(amax / 6)) (amax floored at 1e-4) and the e2m1 round trip.
 template <int E>
 __global__ void __launch_bounds__(kThreads) HadamardFp4Kernel(const HadamardFp4Params p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= p.rows) return;
@@ -233,7 +233,6 @@ cudaError_t LaunchHadamardFp4Kernel(const HadamardFp4Params& p, cudaStream_t str
       return LaunchPdl(HadamardFp4Kernel<32>, dim3(grid), dim3(kThreads), 0, stream, p);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 cudaError_t ProbeKernelImage() {

@@ -40,7 +40,7 @@ __device__ __forceinline__ void TransposeReduce(float (&a)[P], int lane) {
 // for m < M, and the slice's sum of squares at m = M.
 template <int M>
 __global__ void __launch_bounds__(kSplitThreads) HcMixSplitKernel(const HcMixParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   constexpr int kV = M + 1;
   constexpr int kN = kV * kRowsPerBlock;  // sums per thread: value m of row j at m * kRowsPerBlock + j
   constexpr int kP = kN <= 32 ? 32 : kN <= 64 ? 64 : kN <= 128 ? 128 : 256;
@@ -198,7 +198,7 @@ __device__ float SinkhornLane(float logit, int iters, float eps) {
 
 template <int S>
 __global__ void __launch_bounds__(kFinishThreads) HcPreFinishKernel(const HcPreParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   constexpr int M = (2 + S) * S;
   __shared__ float mix[M];
   __shared__ float pre[S];
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kFinishThreads) HcPreFinishKernel(const HcPreP
 
 template <int S>
 __global__ void __launch_bounds__(kFinishThreads) HcHeadFinishKernel(const HcHeadParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   __shared__ float mix[S];
   __shared__ float pre[S];
   const int64_t r = blockIdx.x;
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(kFinishThreads) HcHeadFinishKernel(const HcHea
 // One thread per (token, dim): all S output streams from the S input streams and the sublayer output.
 template <int S>
 __global__ void __launch_bounds__(256) HcPostKernel(const HcPostParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   const int64_t n = p.t * p.d;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / p.d, k = i % p.d;
@@ -283,8 +283,8 @@ cudaError_t LaunchPre(const HcPreParams& p, cudaStream_t stream) {
 
 template <int S>
 cudaError_t LaunchHead(const HcHeadParams& p, cudaStream_t stream) {
-  if (const cudaError_t pdl_err = LaunchPdl(HcMixSplitKernel<S>, dim3(p.mix.splits, SplitRows(p.mix.r)),
-                                            dim3(kSplitThreads), 0, stream, p.mix);
+  if (const cudaError_t pdl_err =
+          LaunchPdl(HcMixSplitKernel<S>, dim3(p.mix.splits, SplitRows(p.mix.r)), dim3(kSplitThreads), 0, stream, p.mix);
       pdl_err != cudaSuccess) {
     return pdl_err;
   }

@@ -40,7 +40,7 @@ __device__ void RowsOfToken(const KvWindowParams& p, int64_t t, int64_t& staging
 }
 
 __global__ void __launch_bounds__(kThreads) KvWindowWriteKernel(const KvWindowParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   const int64_t t = blockIdx.x;
   int64_t staging, ring;
   RowsOfToken(p, t, staging, ring);
@@ -80,12 +80,8 @@ absl::Status LaunchKvWindowWrite(const KvWindowWriteArgs& a, cudaStream_t stream
   }
   const KvWindowParams p{.rows = a.rows, .cache = a.cache, .step = a.step, .tables = a.tables,
                          .staging_row0 = a.staging_row0, .window = a.window, .commit = a.commit};
-  if (const cudaError_t pdl_err =
-          LaunchPdl(KvWindowWriteKernel, dim3(static_cast<unsigned>(a.step.t)), dim3(kThreads), 0, stream, p);
-      pdl_err != cudaSuccess) {
-    return CudaStatus(pdl_err, "KvWindowWriteKernel launch");
-  }
-  return attn::LaunchStatus("KvWindowWrite");
+  return CudaStatus(LaunchPdl(KvWindowWriteKernel, dim3(static_cast<unsigned>(a.step.t)), dim3(kThreads), 0, stream, p),
+                    "KvWindowWrite");
 }
 
 }  // namespace dsv4::kernels::cuda

@@ -284,7 +284,7 @@ constexpr int kFusedRing = kMinBlocks >= kFusedLeanBlocks ? 1 : 2;
 template <int NW, int kMinBlocks, bool kBits>
 __global__ void __launch_bounds__(32 * kSplitWarps, kMinBlocks)
     LinearFusedKernel(const __grid_constant__ FusedLinearParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   extern __shared__ __align__(16) unsigned char fused_smem[];
   // The weight of this block's row block: the last whose first block is <= blockIdx.z (block0 ascends). Uniform
   // over the block and over its cluster (the cluster spans grid x only).

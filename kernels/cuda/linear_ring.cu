@@ -35,7 +35,7 @@ constexpr int kRingMinBlocks = NW == 1 ? 4 : 2;
 
 template <int NW, int kStages>
 __global__ void __launch_bounds__(32 * kSplitWarps, kRingMinBlocks<NW>) LinearRingKernel(const LinearParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   extern __shared__ __align__(16) unsigned char ring_smem[];
   constexpr int kTokens = 8 * NW;
   constexpr int kAcc = NW * 4;

@@ -9,7 +9,8 @@
 // lets the next kernel's blocks be scheduled. Because every block of every such kernel waits before it can
 // finish, a kernel's completion implies its predecessor's, so reading the output of any earlier kernel (not only
 // the one just before) stays safe. Kernels launched without the attribute (sparse-MLA, NCCL, memcpy) serialise as
-// usual. DSV4_PDL=0 in the environment launches everything without the attribute (A/B measurements, a fallback).
+// usual. DSV4_PDL=0 in the environment launches everything without the attribute (A/B measurements, a fallback) -
+// the MoE chain included, which used PDL before the dense kernels did.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -48,8 +49,9 @@ __device__ __forceinline__ void PdlEnter() {
 template <typename... KernelArgs, typename... Args>
 cudaError_t LaunchPdlConfig(cudaLaunchConfig_t config, void (*kernel)(KernelArgs...), Args&&... args) {
   cudaLaunchAttribute attrs[4];
+  if (config.numAttrs > 3) return cudaErrorInvalidValue;
   unsigned n = 0;
-  for (unsigned i = 0; i < config.numAttrs && n < 3; ++i) attrs[n++] = config.attrs[i];
+  for (unsigned i = 0; i < config.numAttrs; ++i) attrs[n++] = config.attrs[i];
   if (PdlEnabled()) {
     attrs[n] = {};
     attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -58,7 +60,10 @@ cudaError_t LaunchPdlConfig(cudaLaunchConfig_t config, void (*kernel)(KernelArgs
   }
   config.attrs = attrs;
   config.numAttrs = n;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  const cudaError_t err = cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+  // As `<<<>>>` + cudaGetLastError() did: a failed launch is reported here, not later under another op's name.
+  if (err != cudaSuccess) static_cast<void>(cudaGetLastError());
+  return err;
 }
 
 template <typename... KernelArgs, typename... Args>

@@ -14,8 +14,8 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda/sample_params.h"
 #include "kernels/cuda/pdl.h"
+#include "kernels/cuda/sample_params.h"
 #include "kernels/sample_math.h"
 
 namespace dsv4::kernels::cuda {
@@ -329,7 +329,7 @@ __device__ bool SelectCut(const Row& row, u64 floor, u64 k, float top_p, Shared&
 }
 
 __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const SampleKernelParams p) {
-  PdlEnter();  // first: wait for the kernel before, then let the next one be scheduled
+  PdlEnter();
   __shared__ Shared sh;
   const int64_t r = blockIdx.x;
   const SampleParams q = p.params[r];
