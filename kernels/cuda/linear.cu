@@ -28,6 +28,7 @@
 
 #include "kernels/cuda/linear_device.cuh"
 #include "kernels/cuda/linear_params.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -117,6 +118,7 @@ __device__ __forceinline__ void LoadTokens(const LinearParams& p, int64_t tok, i
 
 template <LinearKernelFormat F, int MW, int NW>
 __global__ void __launch_bounds__(NW == 1 ? 512 : 256) LinearMmaKernel(const LinearParams p) {
+  PdlEnter();
   extern __shared__ float reduce[];  // [warps_m][warps_k - 1][MW*NW*4][32]
   constexpr int kRaw = kRawWords<F>;
   constexpr int kAcc = MW * NW * 4;
@@ -284,6 +286,7 @@ constexpr int kRing = 16 / (MW * kSub<F> * kRawWords<F>) > 0 ? 16 / (MW * kSub<F
 
 template <LinearKernelFormat F, int MW, int NW>
 __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const LinearParams p) {
+  PdlEnter();
   extern __shared__ __align__(16) unsigned char split_smem[];
   constexpr int kRaw = kRawWords<F>;
   constexpr int kS = kSub<F>;
@@ -437,6 +440,7 @@ constexpr int kF32Warps = 8;
 constexpr int kF32Tokens = 4;
 
 __global__ void __launch_bounds__(32 * kF32Warps) LinearF32Kernel(const LinearParams p) {
+  PdlEnter();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kF32Warps + warp;
   const int64_t grp = blockIdx.z;
@@ -475,8 +479,7 @@ cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),
                     static_cast<unsigned>(p.groups));
     const dim3 block(32 * pl.warps_m * pl.warps_k);
-    LinearMmaKernel<F, MW, NW><<<grid, block, internal::LinearSharedBytes(pl), stream>>>(p);
-    return cudaGetLastError();
+    return LaunchPdl(LinearMmaKernel<F, MW, NW>, grid, block, internal::LinearSharedBytes(pl), stream, p);
   }
   if constexpr (MW == 2 && NW == 4) {
     return cudaErrorInvalidValue;  // kSplitK has no 2 x 4 tile per warp (it would spill: the planner never asks)
@@ -506,7 +509,7 @@ cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
     cluster_dim[0].val.clusterDim.z = 1;
     config.attrs = cluster_dim;
     config.numAttrs = pl.cluster > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&config, LinearSplitKernel<F, MW, NW>, p);
+    return LaunchPdlConfig(config, LinearSplitKernel<F, MW, NW>, p);
   }
 }
 
@@ -556,8 +559,7 @@ cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream) {
     case LinearKernelFormat::kF32: {
       const dim3 grid(static_cast<unsigned>((p.n + kF32Warps - 1) / kF32Warps),
                       static_cast<unsigned>((p.t + kF32Tokens - 1) / kF32Tokens), static_cast<unsigned>(p.groups));
-      LinearF32Kernel<<<grid, 32 * kF32Warps, 0, stream>>>(p);
-      return cudaGetLastError();
+      return LaunchPdl(LinearF32Kernel, grid, dim3(32 * kF32Warps), 0, stream, p);
     }
   }
   return cudaErrorInvalidValue;

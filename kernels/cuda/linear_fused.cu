@@ -33,6 +33,7 @@
 #include "kernels/cuda/e4m3_bits.h"
 #include "kernels/cuda/linear_device.cuh"
 #include "kernels/cuda/linear_params.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -283,6 +284,7 @@ constexpr int kFusedRing = kMinBlocks >= kFusedLeanBlocks ? 1 : 2;
 template <int NW, int kMinBlocks, bool kBits>
 __global__ void __launch_bounds__(32 * kSplitWarps, kMinBlocks)
     LinearFusedKernel(const __grid_constant__ FusedLinearParams p) {
+  PdlEnter();
   extern __shared__ __align__(16) unsigned char fused_smem[];
   // The weight of this block's row block: the last whose first block is <= blockIdx.z (block0 ascends). Uniform
   // over the block and over its cluster (the cluster spans grid x only).
@@ -331,7 +333,7 @@ cudaError_t LaunchFused(const FusedLinearParams& p, cudaStream_t stream) {
   cluster_dim[0].val.clusterDim.z = 1;
   config.attrs = cluster_dim;
   config.numAttrs = pl.cluster > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, LinearFusedKernel<NW, kMinBlocks, kBits>, p);
+  return LaunchPdlConfig(config, LinearFusedKernel<NW, kMinBlocks, kBits>, p);
 }
 
 template <int NW, bool kBits>
