@@ -142,6 +142,12 @@ TEST(DenseLinear, Fp8EveryDecodeTokenCount) {
   CheckLinear({.what = "wkv", .n = 512, .k = 4096, .t = 128});
   CheckLinear({.what = "wo_b (lean multi-weight build)", .n = 4096, .k = 8192, .t = 1});
   CheckLinear({.what = "wo_b", .n = 4096, .k = 8192, .t = 4});
+  // The automatic plan's hand-off to the multi-weight kernel (lean build, T <= 8, >= 16 MiB, K >= 4096) with the
+  // inputs the single linear accepts: bf16 x, row strides on x and y, grouped (wo_a's 8 groups).
+  CheckLinear({.what = "wo_b lean, bf16 x, strided", .n = 4096, .k = 8192, .t = 8, .x_bf16 = true, .x_pad = 24,
+               .y_pad = 8});
+  CheckLinear({.what = "wo_a lean, 8 groups, raw x, strided", .n = 8192, .k = 4096, .t = 3, .groups = 8,
+               .round_x = false, .x_pad = 8, .y_pad = 16});
   CheckLinear({.what = "indexer wq_b, 4 token tiles", .n = 8192, .k = 1024, .t = 128});
   CheckLinear({.what = "indexer wq_b, a partial token tile", .n = 8192, .k = 1024, .t = 100});
 }
