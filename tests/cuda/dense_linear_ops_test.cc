@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/float_formats.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/linear.h"
 #include "tests/cuda/test_util.h"
 
@@ -40,15 +41,6 @@ using testing::Upload;
 using testing::UploadBytes;
 
 constexpr float kSentinel = 12345.f;
-
-int CurrentSms() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 132;
-  }
-  return sms;
-}
 constexpr double kTightRel = 2e-5;  // x on the bf16 grid: summation order only
 constexpr double kBf16Rel = 5e-3;   // raw x: the kernel rounds it to bf16
 
@@ -116,7 +108,7 @@ void CheckLinear(const LinearCase& c) {
 // The split-K plan with forced m-tiles / splits for case `c` (fails the test when there is none).
 LinearPlan SplitPlan(const LinearCase& c, int m_tiles, int splits) {
   std::optional<LinearPlan> plan =
-      PlanSplitKLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms(), m_tiles, splits);
+      PlanSplitKLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentDeviceSms(), m_tiles, splits);
   EXPECT_TRUE(plan.has_value()) << c.what << " m_tiles " << m_tiles << " splits " << splits;
   return plan.value_or(LinearPlan{});
 }
@@ -198,7 +190,7 @@ TEST(DenseLinear, SplitKForcedPlans) {
         if (m_tiles == 1 && splits <= 32) {
           for (const int stages : {2, 3, kMaxStages}) {
             const std::optional<LinearPlan> ring =
-                PlanRingLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms(), splits, stages);
+                PlanRingLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentDeviceSms(), splits, stages);
             EXPECT_TRUE(ring.has_value()) << c.what << " splits " << splits << " stages " << stages;
             if (ring) {
               c.plan = *ring;
@@ -208,7 +200,7 @@ TEST(DenseLinear, SplitKForcedPlans) {
         }
       }
     }
-    c.plan = PlanTiledLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms());
+    c.plan = PlanTiledLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentDeviceSms());
     CheckLinear(c);
   }
 }
@@ -229,7 +221,7 @@ TEST(DenseLinear, RingPlansAtEdges) {
     for (const int splits : {1, 4, 16}) {
       for (const int stages : {2, 3, kMaxStages}) {
         const std::optional<LinearPlan> ring =
-            PlanRingLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentSms(), splits, stages);
+            PlanRingLinear(c.t, c.n / c.groups, c.k, c.groups, CurrentDeviceSms(), splits, stages);
         if (!ring) continue;  // more splits than 128-wide steps
         c.plan = *ring;
         CheckLinear(c);
@@ -247,7 +239,7 @@ TEST(DenseLinear, BadPlansAreRefused) {
   ASSERT_TRUE(w.ok()) << w.status();
   Buffer x = Upload(b.cuda, RandomNormal(rng, 4 * 1024)), y = testing::Poisoned(b.cuda, 4 * 256);
   const LinearArgs args{.w = w->get(), .x = {.data = x.data()}, .y = y.as<float>(), .t = 4};
-  const LinearPlan good = *PlanSplitKLinear(4, 256, 1024, 1, CurrentSms(), 1, 8);
+  const LinearPlan good = *PlanSplitKLinear(4, 256, 1024, 1, CurrentDeviceSms(), 1, 8);
   const cudaStream_t stream = static_cast<CudaBackend&>(b.cuda).stream();
   LinearPlan bad = good;
   bad.k_slice = 64;  // cluster * k_slice < Kin

@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/float_formats.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/device_info.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/linear.h"
 #include "tests/cuda/test_util.h"
@@ -46,15 +47,6 @@ using testing::UploadBytes;
 constexpr float kSentinel = 12345.f;
 constexpr double kTightRel = 2e-5;  // x on the bf16 grid: summation order only (as dense_linear_ops_test)
 constexpr double kBf16Rel = 5e-3;   // raw x: the kernel rounds it to bf16
-
-int CurrentSms() {
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    return 132;
-  }
-  return sms;
-}
 
 struct W {
   std::string name;
@@ -132,7 +124,7 @@ std::vector<std::vector<float>> RunGpu(const FusedCase& c, Inputs& s, const std:
   }
   if (choice) {
     const std::optional<LinearPlan> plan =
-        PlanFusedLinear(c.t, rows, c.k, CurrentSms(), choice->min_blocks, choice->splits, choice->bits);
+        PlanFusedLinear(c.t, rows, c.k, CurrentDeviceSms(), choice->min_blocks, choice->splits, choice->bits);
     EXPECT_TRUE(plan.has_value()) << c.what << " T=" << c.t << " min_blocks " << choice->min_blocks << " splits "
                                   << choice->splits;
     if (!plan) return {};
@@ -360,7 +352,7 @@ TEST(FusedLinear, SingleGroupedLinearThroughTheKernel) {
     std::vector<int64_t> rows(static_cast<size_t>(o.groups), o.n / o.groups);
     for (const PlanChoice& pc : kAllBuilds) {
       const std::optional<LinearPlan> plan =
-          PlanFusedLinear(o.t, rows, o.k, CurrentSms(), pc.min_blocks, pc.splits, pc.bits);
+          PlanFusedLinear(o.t, rows, o.k, CurrentDeviceSms(), pc.min_blocks, pc.splits, pc.bits);
       ASSERT_TRUE(plan.has_value()) << o.what;
       Buffer yg = Upload(b.cuda, std::vector<float>(static_cast<size_t>(o.t * o.n), kSentinel));
       const absl::Status st = LaunchLinearWithPlan(
@@ -406,7 +398,7 @@ TEST(FusedLinear, SameBitsAsTheSplitKKernelAtTheSamePlan) {
         Buffer xg = Upload(b.cuda, x);
         for (const int splits : {1, 4, 16}) {
           const std::optional<LinearPlan> split =
-              PlanSplitKLinear(t, o.n / o.groups, o.k, o.groups, CurrentSms(), 1, splits);
+              PlanSplitKLinear(t, o.n / o.groups, o.k, o.groups, CurrentDeviceSms(), 1, splits);
           ASSERT_TRUE(split.has_value()) << o.what << " T=" << t << " splits " << splits;
           ASSERT_EQ(split->stages, 0);
           ASSERT_EQ(split->min_blocks, 0);
@@ -558,7 +550,7 @@ TEST(FusedLinear, BadArgumentsAndPlansAreRefused) {
   EXPECT_EQ(LaunchFusedLinear(a, stream).code(), absl::StatusCode::kInvalidArgument);
   a.count = 2;
   const std::vector<int64_t> rows = {256, 256};
-  const LinearPlan good = *PlanFusedLinear(4, rows, 1024, CurrentSms());
+  const LinearPlan good = *PlanFusedLinear(4, rows, 1024, CurrentDeviceSms());
   LinearPlan bad = good;
   bad.min_blocks = 3;  // no such build
   EXPECT_EQ(LaunchFusedLinearWithPlan(a, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
@@ -568,7 +560,7 @@ TEST(FusedLinear, BadArgumentsAndPlansAreRefused) {
   bad = good;
   bad.m_tiles = 2;
   EXPECT_EQ(LaunchFusedLinearWithPlan(a, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
-  bad = *PlanFusedLinear(4, rows, 1024, CurrentSms(), kFusedLeanBlocks);
+  bad = *PlanFusedLinear(4, rows, 1024, CurrentDeviceSms(), kFusedLeanBlocks);
   bad.n_tiles = 2;  // the lean build has one 8-token tile per warp
   EXPECT_EQ(LaunchFusedLinearWithPlan(a, &bad, stream).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_FALSE(PlanFusedLinear(16, rows, 1024, 132, kFusedLeanBlocks).has_value());
@@ -578,7 +570,7 @@ TEST(FusedLinear, BadArgumentsAndPlansAreRefused) {
   HostWeight h3 = RandomWeight(rng, kFp8, 16 * 9, 128);
   auto w3 = b.cuda.PrepareLinear(h3.view);
   ASSERT_TRUE(w3.ok());
-  const LinearPlan nine = *PlanFusedLinear(1, std::vector<int64_t>(8, 16), 128, CurrentSms());
+  const LinearPlan nine = *PlanFusedLinear(1, std::vector<int64_t>(8, 16), 128, CurrentDeviceSms());
   EXPECT_EQ(LaunchLinearWithPlan({.w = w3->get(), .x = {.data = x.data()}, .y = y.as<float>(), .t = 1, .groups = 9},
                                  &nine, stream)
                 .code(),
