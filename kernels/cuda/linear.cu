@@ -34,37 +34,11 @@ namespace dsv4::kernels::cuda {
 namespace {
 
 // Raw 32-bit words one thread loads per weight row per step: 16 e4m3 bytes or 16 bf16 values.
-template <LinearKernelFormat F>
-constexpr int kRawWords = F == LinearKernelFormat::kFp8 ? 4 : 8;
-
 // Loads weight elements [k, k + 16) of one row (zeros past Kin or for a row that does not exist).
 template <LinearKernelFormat F>
 __device__ __forceinline__ void LoadWeights(const LinearParams& p, const void* row, bool row_ok, int64_t k,
                                             uint32_t (&raw)[kRawWords<F>]) {
-  if (row_ok && p.vec && k + 16 <= p.k) {
-    if constexpr (F == LinearKernelFormat::kFp8) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(row) + k));
-      raw[0] = v.x, raw[1] = v.y, raw[2] = v.z, raw[3] = v.w;
-    } else {
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k);
-      const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
-      raw[0] = v0.x, raw[1] = v0.y, raw[2] = v0.z, raw[3] = v0.w;
-      raw[4] = v1.x, raw[5] = v1.y, raw[6] = v1.z, raw[7] = v1.w;
-    }
-    return;
-  }
-#pragma unroll
-  for (int w = 0; w < kRawWords<F>; ++w) raw[w] = 0;
-  if (!row_ok) return;
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    if (k + e >= p.k) break;
-    if constexpr (F == LinearKernelFormat::kFp8) {
-      raw[e / 4] |= static_cast<uint32_t>(static_cast<const uint8_t*>(row)[k + e]) << (8 * (e % 4));
-    } else {
-      raw[e / 2] |= static_cast<uint32_t>(static_cast<const uint16_t*>(row)[k + e]) << (16 * (e % 2));
-    }
-  }
+  LoadWeightRow<F>(row, row_ok, p.vec, k, p.k, raw);
 }
 
 // Raw weight words -> the 8 bf16x2 A-operand words of one row: word 2j = elements 4j, 4j+1; 2j+1 = 4j+2, 4j+3.
