@@ -5,7 +5,7 @@
 #        /work/shared/gpu/bundle.sh .gpu/decode-bench build-h200/bench/decode/dsv4-decode-bench \
 #          build-h200/bench/gemm/dsv4-gemm-bench && cp bench/decode/run_h200.sh .gpu/decode-bench/
 # There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench)
-# STEPS: any of suite decode singles decode_a (default: all four, ~8 minutes). Logs under OUT.
+# STEPS: any of suite decode singles decode_a pdl (default: the first four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
 mkdir -p "$OUT"
@@ -19,6 +19,12 @@ for s in $STEPS; do
     singles) LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 150 .gpu/decode-bench/bin/dsv4-gemm-bench \
                --config=configs/flash.json --groups=false --peers=false --tokens=1,2,4,8,16 --reps=20 --warmup_ms=2 \
                --json="$OUT/singles.json" > "$OUT/singles.md" 2> "$OUT/singles.err"; echo "rc=$?" ;;
+    pdl) for v in 0 1; do  # programmatic dependent launch off / on (kernels/cuda/pdl.h), TP 4 rank 0, 43 layers
+           DSV4_PDL=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 90 .gpu/decode-bench/bin/dsv4-decode-bench \
+             --config=configs/flash.json --simulate-rank=0 --simulate-world=4 --comm-busbw-gbs=146 \
+             --comm-latency-us=20 --context=8192 --batches=1,8,64 --json="$OUT/pdl_$v.json" > "$OUT/pdl_$v.txt" 2>&1
+           echo "DSV4_PDL=$v rc=$?"; grep -E '^\| *(1|8|64) \|' "$OUT/pdl_$v.txt"
+         done ;;
     *) echo "unknown step $s" ;;
   esac
 done

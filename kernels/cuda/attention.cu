@@ -23,6 +23,7 @@
 #include "kernels/cuda/attention_launch_util.h"
 #include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 
@@ -125,6 +126,7 @@ __device__ __forceinline__ int64_t WindowRow(const StepIndex& s, const KvCacheVi
 // keys -- only the entries the sparse-MLA kernel reads (it stops at win_len / comp_len) -- and block (0, last) the
 // padded sinks.
 __global__ void __launch_bounds__(kPrepThreads) AttentionPrepKernel(const PrepParams p) {
+  PdlEnter();
   const int64_t g = blockIdx.x, t = p.t0 + g;
   const int tid = threadIdx.x, h0 = kPrepHeads * blockIdx.y;
   const int32_t pos = p.step.pos[t];
@@ -183,6 +185,7 @@ __global__ void __launch_bounds__(kPrepThreads) AttentionPrepKernel(const PrepPa
 // out[t, h, :] = out16[g, h, :] for the real heads; grid (G, ceil(H / kPrepHeads)), eight dims per thread.
 __global__ void __launch_bounds__(kPrepThreads)
     AttentionOutKernel(const uint16_t* out16, float* out, int heads, int padded_heads, int64_t t0) {
+  PdlEnter();
   const int64_t g = blockIdx.x;
   const int h0 = kPrepHeads * blockIdx.y;
   const uint4* src = reinterpret_cast<const uint4*>(out16 + (g * padded_heads + h0) * sm::kKvDim);
@@ -237,9 +240,10 @@ absl::Status LaunchFp8(const AttentionArgs& a, const CudaScratch& scratch, cudaS
   for (int64_t t0 = 0; t0 < a.step.t; t0 += group) {
     const int64_t g = std::min(group, a.step.t - t0);
     pp.t0 = t0;
-    AttentionPrepKernel<<<dim3(static_cast<unsigned>(g), static_cast<unsigned>(hp / kPrepHeads + 1)), kPrepThreads,
-                          0, stream>>>(pp);
-    DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Attention key lists"));
+    DSV4_RETURN_IF_ERROR(CudaStatus(
+        LaunchPdl(AttentionPrepKernel, dim3(static_cast<unsigned>(g), static_cast<unsigned>(hp / kPrepHeads + 1)),
+                  dim3(kPrepThreads), 0, stream, pp),
+        "Attention key lists"));
     sm::SparseMlaKvInput extra;
     if (a.compressed_ratio == 4 && a.ksel > 0) {
       extra = {.cache = a.compressed.base, .num_pages = pool_pages(a.compressed.page_rows),
@@ -260,9 +264,10 @@ absl::Status LaunchFp8(const AttentionArgs& a, const CudaScratch& scratch, cudaS
         .workspace = base + l.workspace, .workspace_bytes = bucket->workspace_bytes};
     DSV4_RETURN_IF_ERROR(sm::LaunchSparseMlaDecode(mp, *bucket, stream));
     const unsigned head_blocks = static_cast<unsigned>((a.heads + kPrepHeads - 1) / kPrepHeads);
-    AttentionOutKernel<<<dim3(static_cast<unsigned>(g), head_blocks), kPrepThreads, 0, stream>>>(
-        mp.out, a.out, static_cast<int>(a.heads), hp, t0);
-    DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Attention output"));
+    DSV4_RETURN_IF_ERROR(
+        CudaStatus(LaunchPdl(AttentionOutKernel, dim3(static_cast<unsigned>(g), head_blocks), dim3(kPrepThreads), 0,
+                             stream, mp.out, a.out, static_cast<int>(a.heads), hp, t0),
+                   "Attention output"));
   }
   return absl::OkStatus();
 }
@@ -289,6 +294,7 @@ struct DirectParams {
 };
 
 __global__ void __launch_bounds__(kDirectWarps * 32) DirectAttentionKernel(const DirectParams p) {
+  PdlEnter();
   __shared__ float acc_s[kDirectWarps][kMaxDimsPerLane * 32];
   __shared__ float max_s[kDirectWarps], sum_s[kDirectWarps];
   const int h = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -472,9 +478,10 @@ absl::Status LaunchAttention(const AttentionArgs& a, const CudaScratch& scratch,
                        .compressed_tables = a.compressed_tables, .selected = a.selected,
                        .selected_count = a.selected_count, .ksel = a.ksel, .max_compressed = a.max_compressed,
                        .heads = static_cast<int>(a.heads), .dim = static_cast<int>(a.dim), .scale = a.scale};
-  DirectAttentionKernel<<<dim3(static_cast<unsigned>(a.step.t), static_cast<unsigned>(a.heads)), kDirectWarps * 32,
-                          0, stream>>>(p);
-  return attn::LaunchStatus("Attention (direct)");
+  return CudaStatus(
+      LaunchPdl(DirectAttentionKernel, dim3(static_cast<unsigned>(a.step.t), static_cast<unsigned>(a.heads)),
+                dim3(kDirectWarps * 32), 0, stream, p),
+      "Attention (direct)");
 }
 
 }  // namespace dsv4::kernels::cuda

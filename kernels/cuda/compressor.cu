@@ -23,6 +23,7 @@
 #include "kernels/cuda/attention_launch_util.h"
 #include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -220,6 +221,7 @@ __device__ void UpdateState(const CompressorParams& p, const SeqCtx& s, int32_t 
 }
 
 __global__ void __launch_bounds__(kMaxDim) CompressorKernel(const CompressorParams p) {
+  PdlEnter();
   __shared__ float buf[kMaxDim];
   __shared__ double red[kMaxDim / 32];
   SeqCtx s;
@@ -289,8 +291,7 @@ absl::Status LaunchCompressor(const CompressorArgs& a, cudaStream_t stream) {
   const int64_t most = (int64_t{a.step.max_seq_len} + a.ratio - 1) / a.ratio;
   const int64_t blocks_x = 1 + std::max<int64_t>(0, most - halves);
   const dim3 grid(static_cast<unsigned>(blocks_x), static_cast<unsigned>(a.step.b));
-  CompressorKernel<<<grid, a.d, 0, stream>>>(p);
-  return attn::LaunchStatus("Compressor");
+  return CudaStatus(LaunchPdl(CompressorKernel, grid, dim3(a.d), 0, stream, p), "Compressor");
 }
 
 }  // namespace dsv4::kernels::cuda

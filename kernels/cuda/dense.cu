@@ -8,6 +8,7 @@
 
 #include "common/float_formats.h"
 #include "kernels/cuda/dense_params.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -21,6 +22,7 @@ unsigned GridFor(int64_t n, int64_t per_block, int64_t max_blocks) {
 
 // One block per token: the table row (zeros for padding or an id outside the table) into every stream.
 __global__ void __launch_bounds__(kThreads) EmbedKernel(const EmbedParams p) {
+  PdlEnter();
   const int64_t t = blockIdx.x;
   const int32_t tok = p.tokens[t];
   const bool ok = p.pos[t] >= 0 && tok >= 0 && tok < p.v;
@@ -57,6 +59,7 @@ __device__ double BlockSum(double v, double* shared) {
 // boundaries (every row of the model) move as float4 with four loads in flight per thread: the op is a short
 // latency-bound pass per row at decode sizes.
 __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p) {
+  PdlEnter();
   __shared__ double partial[kThreads / 32];
   const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.dim;
   float* out = p.out + static_cast<int64_t>(blockIdx.x) * p.dim;
@@ -102,6 +105,7 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p)
 
 // One block per token: cos/sin of each pair once (shared), then every head's pairs.
 __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
+  PdlEnter();
   extern __shared__ float cs[];  // [pairs] cos, then [pairs] sin
   const int64_t t = blockIdx.x;
   const int32_t pos = p.pos[t];
@@ -125,6 +129,7 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) ScaleKernel(const ScaleParams p) {
+  PdlEnter();
   const int64_t n = p.rows * p.dim;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     p.x[i] *= p.scale;
@@ -132,6 +137,7 @@ __global__ void __launch_bounds__(kThreads) ScaleKernel(const ScaleParams p) {
 }
 
 __global__ void __launch_bounds__(kThreads) FillKernel(const FillParams p) {
+  PdlEnter();
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n; i += int64_t{gridDim.x} * blockDim.x) {
     p.x[i] = p.value;
   }
@@ -143,6 +149,7 @@ __global__ void __launch_bounds__(kThreads) FillKernel(const FillParams p) {
 // elements (32 / E lanes), the ue8m0 scale 2^ceil(log2(amax / 6)) (amax floored at 1e-4) and the e2m1 round trip.
 template <int E>
 __global__ void __launch_bounds__(kThreads) HadamardFp4Kernel(const HadamardFp4Params p) {
+  PdlEnter();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + (threadIdx.x >> 5);
   if (row >= p.rows) return;
@@ -188,43 +195,44 @@ __global__ void __launch_bounds__(kThreads) HadamardFp4Kernel(const HadamardFp4P
 namespace internal {
 
 cudaError_t LaunchEmbedKernel(const EmbedParams& p, cudaStream_t stream) {
-  EmbedKernel<<<static_cast<unsigned>(p.t), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(EmbedKernel, dim3(static_cast<unsigned>(p.t)), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t LaunchRmsNormKernel(const RmsNormParams& p, cudaStream_t stream) {
-  RmsNormKernel<<<static_cast<unsigned>(p.rows), p.dim >= 1024 ? kThreads : kThreads / 2, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(RmsNormKernel, dim3(static_cast<unsigned>(p.rows)), dim3(p.dim >= 1024 ? kThreads : kThreads / 2), 0,
+                   stream, p);
 }
 
 cudaError_t LaunchRopeKernel(const RopeParams& p, cudaStream_t stream) {
   const int threads = p.heads * p.pairs >= kThreads ? kThreads : 64;
-  RopeKernel<<<static_cast<unsigned>(p.t), threads, 2 * p.pairs * sizeof(float), stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(RopeKernel, dim3(static_cast<unsigned>(p.t)), dim3(threads), 2 * p.pairs * sizeof(float), stream, p);
 }
 
 cudaError_t LaunchScaleKernel(const ScaleParams& p, cudaStream_t stream) {
-  ScaleKernel<<<GridFor(p.rows * p.dim, 4 * kThreads, 4096), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(ScaleKernel, dim3(GridFor(p.rows * p.dim, 4 * kThreads, 4096)), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t LaunchFillKernel(const FillParams& p, cudaStream_t stream) {
-  FillKernel<<<GridFor(p.n, 4 * kThreads, 4096), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(FillKernel, dim3(GridFor(p.n, 4 * kThreads, 4096)), dim3(kThreads), 0, stream, p);
 }
 
 cudaError_t LaunchHadamardFp4Kernel(const HadamardFp4Params& p, cudaStream_t stream) {
   const unsigned grid = GridFor(p.rows, kThreads / 32, (int64_t{1} << 31) - 1);
   switch (p.dim) {
-    case 32: HadamardFp4Kernel<1><<<grid, kThreads, 0, stream>>>(p); break;
-    case 64: HadamardFp4Kernel<2><<<grid, kThreads, 0, stream>>>(p); break;
-    case 128: HadamardFp4Kernel<4><<<grid, kThreads, 0, stream>>>(p); break;
-    case 256: HadamardFp4Kernel<8><<<grid, kThreads, 0, stream>>>(p); break;
-    case 512: HadamardFp4Kernel<16><<<grid, kThreads, 0, stream>>>(p); break;
-    case 1024: HadamardFp4Kernel<32><<<grid, kThreads, 0, stream>>>(p); break;
+    case 32:
+      return LaunchPdl(HadamardFp4Kernel<1>, dim3(grid), dim3(kThreads), 0, stream, p);
+    case 64:
+      return LaunchPdl(HadamardFp4Kernel<2>, dim3(grid), dim3(kThreads), 0, stream, p);
+    case 128:
+      return LaunchPdl(HadamardFp4Kernel<4>, dim3(grid), dim3(kThreads), 0, stream, p);
+    case 256:
+      return LaunchPdl(HadamardFp4Kernel<8>, dim3(grid), dim3(kThreads), 0, stream, p);
+    case 512:
+      return LaunchPdl(HadamardFp4Kernel<16>, dim3(grid), dim3(kThreads), 0, stream, p);
+    case 1024:
+      return LaunchPdl(HadamardFp4Kernel<32>, dim3(grid), dim3(kThreads), 0, stream, p);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 cudaError_t ProbeKernelImage() {

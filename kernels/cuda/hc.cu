@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/hc_params.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -39,6 +40,7 @@ __device__ __forceinline__ void TransposeReduce(float (&a)[P], int lane) {
 // for m < M, and the slice's sum of squares at m = M.
 template <int M>
 __global__ void __launch_bounds__(kSplitThreads) HcMixSplitKernel(const HcMixParams p) {
+  PdlEnter();
   constexpr int kV = M + 1;
   constexpr int kN = kV * kRowsPerBlock;  // sums per thread: value m of row j at m * kRowsPerBlock + j
   constexpr int kP = kN <= 32 ? 32 : kN <= 64 ? 64 : kN <= 128 ? 128 : 256;
@@ -196,6 +198,7 @@ __device__ float SinkhornLane(float logit, int iters, float eps) {
 
 template <int S>
 __global__ void __launch_bounds__(kFinishThreads) HcPreFinishKernel(const HcPreParams p) {
+  PdlEnter();
   constexpr int M = (2 + S) * S;
   __shared__ float mix[M];
   __shared__ float pre[S];
@@ -224,6 +227,7 @@ __global__ void __launch_bounds__(kFinishThreads) HcPreFinishKernel(const HcPreP
 
 template <int S>
 __global__ void __launch_bounds__(kFinishThreads) HcHeadFinishKernel(const HcHeadParams p) {
+  PdlEnter();
   __shared__ float mix[S];
   __shared__ float pre[S];
   const int64_t r = blockIdx.x;
@@ -245,6 +249,7 @@ __global__ void __launch_bounds__(kFinishThreads) HcHeadFinishKernel(const HcHea
 // One thread per (token, dim): all S output streams from the S input streams and the sublayer output.
 template <int S>
 __global__ void __launch_bounds__(256) HcPostKernel(const HcPostParams p) {
+  PdlEnter();
   const int64_t n = p.t * p.d;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t t = i / p.d, k = i % p.d;
@@ -268,24 +273,29 @@ unsigned SplitRows(int64_t r) { return static_cast<unsigned>((r + kRowsPerBlock 
 
 template <int S>
 cudaError_t LaunchPre(const HcPreParams& p, cudaStream_t stream) {
-  HcMixSplitKernel<(2 + S) * S><<<dim3(p.mix.splits, SplitRows(p.mix.r)), kSplitThreads, 0, stream>>>(p.mix);
-  HcPreFinishKernel<S><<<static_cast<unsigned>(p.mix.r), kFinishThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (const cudaError_t pdl_err = LaunchPdl(HcMixSplitKernel<(2 + S) * S>, dim3(p.mix.splits, SplitRows(p.mix.r)),
+                                            dim3(kSplitThreads), 0, stream, p.mix);
+      pdl_err != cudaSuccess) {
+    return pdl_err;
+  }
+  return LaunchPdl(HcPreFinishKernel<S>, dim3(static_cast<unsigned>(p.mix.r)), dim3(kFinishThreads), 0, stream, p);
 }
 
 template <int S>
 cudaError_t LaunchHead(const HcHeadParams& p, cudaStream_t stream) {
-  HcMixSplitKernel<S><<<dim3(p.mix.splits, SplitRows(p.mix.r)), kSplitThreads, 0, stream>>>(p.mix);
-  HcHeadFinishKernel<S><<<static_cast<unsigned>(p.mix.r), kFinishThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  if (const cudaError_t pdl_err =
+          LaunchPdl(HcMixSplitKernel<S>, dim3(p.mix.splits, SplitRows(p.mix.r)), dim3(kSplitThreads), 0, stream, p.mix);
+      pdl_err != cudaSuccess) {
+    return pdl_err;
+  }
+  return LaunchPdl(HcHeadFinishKernel<S>, dim3(static_cast<unsigned>(p.mix.r)), dim3(kFinishThreads), 0, stream, p);
 }
 
 template <int S>
 cudaError_t LaunchPost(const HcPostParams& p, cudaStream_t stream) {
   int64_t blocks = (p.t * p.d + 255) / 256;
   if (blocks > 8192) blocks = 8192;
-  HcPostKernel<S><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(HcPostKernel<S>, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, stream, p);
 }
 
 }  // namespace

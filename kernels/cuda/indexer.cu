@@ -27,6 +27,7 @@
 #include "kernels/cuda/device_info.h"
 #include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -84,6 +85,7 @@ int ScoreSmemBytes(int heads, int dim) {
 }
 
 __global__ void __launch_bounds__(kScoreThreads) IndexerScoreKernel(const IndexerParams p) {
+  PdlEnter();
   extern __shared__ float4 smem4[];
   const int ld = p.dim + kPad, c4 = p.dim / 4;
   float* qs = reinterpret_cast<float*>(smem4);
@@ -207,6 +209,7 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], const uint32_t (&a)[4], u
 __device__ __forceinline__ float Relu(float x) { return x > 0.f ? x : 0.f; }
 
 __global__ void __launch_bounds__(kMmaThreads, 4) IndexerScoreMmaKernel(const IndexerParams p) {
+  PdlEnter();
   extern __shared__ float4 smem4[];
   float* ks = reinterpret_cast<float*>(smem4);  // [64 rows][kMmaLd]
   float* part = ks + kTileRows * kMmaLd;        // [64 heads][kPartLd]
@@ -319,6 +322,7 @@ __device__ __forceinline__ int32_t TargetRow(const IndexerParams& p, int64_t b, 
 }
 
 __global__ void __launch_bounds__(kTopkThreads) IndexerTopkKernel(const IndexerParams p) {
+  PdlEnter();
   using Scan = cub::BlockScan<uint32_t, kTopkThreads>;
   __shared__ typename Scan::TempStorage scan_tmp;
   __shared__ uint32_t hist[256];
@@ -496,14 +500,12 @@ absl::Status LaunchIndexer(const IndexerArgs& a, const CudaScratch& scratch, cud
     const int64_t g = std::min(group, a.step.t - t0);
     p.t0 = t0;
     const dim3 grid(static_cast<unsigned>(per_token), static_cast<unsigned>(g));
-    if (mma) {
-      IndexerScoreMmaKernel<<<grid, kMmaThreads, smem, stream>>>(p);
-    } else {
-      IndexerScoreKernel<<<grid, kScoreThreads, smem, stream>>>(p);
-    }
-    DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Indexer scores"));
-    IndexerTopkKernel<<<static_cast<unsigned>(g), kTopkThreads, topk_smem, stream>>>(p);
-    DSV4_RETURN_IF_ERROR(attn::LaunchStatus("Indexer top-k"));
+    DSV4_RETURN_IF_ERROR(CudaStatus(mma ? LaunchPdl(IndexerScoreMmaKernel, grid, dim3(kMmaThreads), smem, stream, p)
+                                        : LaunchPdl(IndexerScoreKernel, grid, dim3(kScoreThreads), smem, stream, p),
+                                    "Indexer scores"));
+    DSV4_RETURN_IF_ERROR(CudaStatus(
+        LaunchPdl(IndexerTopkKernel, dim3(static_cast<unsigned>(g)), dim3(kTopkThreads), topk_smem, stream, p),
+        "Indexer top-k"));
   }
   return absl::OkStatus();
 }

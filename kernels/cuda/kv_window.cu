@@ -7,6 +7,7 @@
 #include "kernels/cuda/attention_launch_util.h"
 #include "kernels/cuda/kv_rows.cuh"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -39,6 +40,7 @@ __device__ void RowsOfToken(const KvWindowParams& p, int64_t t, int64_t& staging
 }
 
 __global__ void __launch_bounds__(kThreads) KvWindowWriteKernel(const KvWindowParams p) {
+  PdlEnter();
   const int64_t t = blockIdx.x;
   int64_t staging, ring;
   RowsOfToken(p, t, staging, ring);
@@ -78,8 +80,8 @@ absl::Status LaunchKvWindowWrite(const KvWindowWriteArgs& a, cudaStream_t stream
   }
   const KvWindowParams p{.rows = a.rows, .cache = a.cache, .step = a.step, .tables = a.tables,
                          .staging_row0 = a.staging_row0, .window = a.window, .commit = a.commit};
-  KvWindowWriteKernel<<<static_cast<unsigned>(a.step.t), kThreads, 0, stream>>>(p);
-  return attn::LaunchStatus("KvWindowWrite");
+  return CudaStatus(LaunchPdl(KvWindowWriteKernel, dim3(static_cast<unsigned>(a.step.t)), dim3(kThreads), 0, stream, p),
+                    "KvWindowWrite");
 }
 
 }  // namespace dsv4::kernels::cuda

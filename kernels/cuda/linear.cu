@@ -28,42 +28,17 @@
 
 #include "kernels/cuda/linear_device.cuh"
 #include "kernels/cuda/linear_params.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
 
 // Raw 32-bit words one thread loads per weight row per step: 16 e4m3 bytes or 16 bf16 values.
-template <LinearKernelFormat F>
-constexpr int kRawWords = F == LinearKernelFormat::kFp8 ? 4 : 8;
-
 // Loads weight elements [k, k + 16) of one row (zeros past Kin or for a row that does not exist).
 template <LinearKernelFormat F>
 __device__ __forceinline__ void LoadWeights(const LinearParams& p, const void* row, bool row_ok, int64_t k,
                                             uint32_t (&raw)[kRawWords<F>]) {
-  if (row_ok && p.vec && k + 16 <= p.k) {
-    if constexpr (F == LinearKernelFormat::kFp8) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(row) + k));
-      raw[0] = v.x, raw[1] = v.y, raw[2] = v.z, raw[3] = v.w;
-    } else {
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k);
-      const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
-      raw[0] = v0.x, raw[1] = v0.y, raw[2] = v0.z, raw[3] = v0.w;
-      raw[4] = v1.x, raw[5] = v1.y, raw[6] = v1.z, raw[7] = v1.w;
-    }
-    return;
-  }
-#pragma unroll
-  for (int w = 0; w < kRawWords<F>; ++w) raw[w] = 0;
-  if (!row_ok) return;
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    if (k + e >= p.k) break;
-    if constexpr (F == LinearKernelFormat::kFp8) {
-      raw[e / 4] |= static_cast<uint32_t>(static_cast<const uint8_t*>(row)[k + e]) << (8 * (e % 4));
-    } else {
-      raw[e / 2] |= static_cast<uint32_t>(static_cast<const uint16_t*>(row)[k + e]) << (16 * (e % 2));
-    }
-  }
+  LoadWeightRow<F>(row, row_ok, p.vec, k, p.k, raw);
 }
 
 // Raw weight words -> the 8 bf16x2 A-operand words of one row: word 2j = elements 4j, 4j+1; 2j+1 = 4j+2, 4j+3.
@@ -117,6 +92,7 @@ __device__ __forceinline__ void LoadTokens(const LinearParams& p, int64_t tok, i
 
 template <LinearKernelFormat F, int MW, int NW>
 __global__ void __launch_bounds__(NW == 1 ? 512 : 256) LinearMmaKernel(const LinearParams p) {
+  PdlEnter();
   extern __shared__ float reduce[];  // [warps_m][warps_k - 1][MW*NW*4][32]
   constexpr int kRaw = kRawWords<F>;
   constexpr int kAcc = MW * NW * 4;
@@ -284,6 +260,7 @@ constexpr int kRing = 16 / (MW * kSub<F> * kRawWords<F>) > 0 ? 16 / (MW * kSub<F
 
 template <LinearKernelFormat F, int MW, int NW>
 __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const LinearParams p) {
+  PdlEnter();
   extern __shared__ __align__(16) unsigned char split_smem[];
   constexpr int kRaw = kRawWords<F>;
   constexpr int kS = kSub<F>;
@@ -437,6 +414,7 @@ constexpr int kF32Warps = 8;
 constexpr int kF32Tokens = 4;
 
 __global__ void __launch_bounds__(32 * kF32Warps) LinearF32Kernel(const LinearParams p) {
+  PdlEnter();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kF32Warps + warp;
   const int64_t grp = blockIdx.z;
@@ -475,8 +453,7 @@ cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
     const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),
                     static_cast<unsigned>(p.groups));
     const dim3 block(32 * pl.warps_m * pl.warps_k);
-    LinearMmaKernel<F, MW, NW><<<grid, block, internal::LinearSharedBytes(pl), stream>>>(p);
-    return cudaGetLastError();
+    return LaunchPdl(LinearMmaKernel<F, MW, NW>, grid, block, internal::LinearSharedBytes(pl), stream, p);
   }
   if constexpr (MW == 2 && NW == 4) {
     return cudaErrorInvalidValue;  // kSplitK has no 2 x 4 tile per warp (it would spill: the planner never asks)
@@ -506,7 +483,7 @@ cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
     cluster_dim[0].val.clusterDim.z = 1;
     config.attrs = cluster_dim;
     config.numAttrs = pl.cluster > 1 ? 1 : 0;
-    return cudaLaunchKernelEx(&config, LinearSplitKernel<F, MW, NW>, p);
+    return LaunchPdlConfig(config, LinearSplitKernel<F, MW, NW>, p);
   }
 }
 
@@ -556,8 +533,7 @@ cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream) {
     case LinearKernelFormat::kF32: {
       const dim3 grid(static_cast<unsigned>((p.n + kF32Warps - 1) / kF32Warps),
                       static_cast<unsigned>((p.t + kF32Tokens - 1) / kF32Tokens), static_cast<unsigned>(p.groups));
-      LinearF32Kernel<<<grid, 32 * kF32Warps, 0, stream>>>(p);
-      return cudaGetLastError();
+      return LaunchPdl(LinearF32Kernel, grid, dim3(32 * kF32Warps), 0, stream, p);
     }
   }
   return cudaErrorInvalidValue;

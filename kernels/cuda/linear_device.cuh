@@ -17,6 +17,41 @@ namespace {
 constexpr int kStepK = 64;       // K elements per MMA step of a thread group (4 threads x 16)
 constexpr int kScaleBlock = 128;
 
+// Raw 32-bit words one thread loads per weight row and 16 K elements: 16 e4m3 bytes or 16 bf16 values.
+template <LinearKernelFormat F>
+constexpr int kRawWords = F == LinearKernelFormat::kFp8 ? 4 : 8;
+
+// Loads weight elements [k, k + 16) of one row of Kin = kin elements (zeros past Kin or for a row that does not
+// exist); vec: the row may be read in 16-byte units. Shared by the split-K / tiled kernels and the multi-weight one.
+template <LinearKernelFormat F>
+__device__ __forceinline__ void LoadWeightRow(const void* row, bool row_ok, bool vec, int64_t k, int64_t kin,
+                                              uint32_t (&raw)[kRawWords<F>]) {
+  if (row_ok && vec && k + 16 <= kin) {
+    if constexpr (F == LinearKernelFormat::kFp8) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(row) + k));
+      raw[0] = v.x, raw[1] = v.y, raw[2] = v.z, raw[3] = v.w;
+    } else {
+      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k);
+      const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
+      raw[0] = v0.x, raw[1] = v0.y, raw[2] = v0.z, raw[3] = v0.w;
+      raw[4] = v1.x, raw[5] = v1.y, raw[6] = v1.z, raw[7] = v1.w;
+    }
+    return;
+  }
+#pragma unroll
+  for (int w = 0; w < kRawWords<F>; ++w) raw[w] = 0;
+  if (!row_ok) return;
+#pragma unroll
+  for (int e = 0; e < 16; ++e) {
+    if (k + e >= kin) break;
+    if constexpr (F == LinearKernelFormat::kFp8) {
+      raw[e / 4] |= static_cast<uint32_t>(static_cast<const uint8_t*>(row)[k + e]) << (8 * (e % 4));
+    } else {
+      raw[e / 2] |= static_cast<uint32_t>(static_cast<const uint16_t*>(row)[k + e]) << (16 * (e % 2));
+    }
+  }
+}
+
 __device__ __forceinline__ void Mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                          uint32_t b0, uint32_t b1) {
   asm volatile(

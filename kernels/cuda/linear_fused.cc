@@ -30,9 +30,8 @@ int NextPow2(int64_t v) {
 }
 
 // Shared memory one block may take so that `min_blocks` blocks fit an SM of the H200 (228 KB, 1 KB reserved per
-// block), and never more than the split-K kernels' limit. That limit (kSplitMaxSharedBytes, 100 KB + 16 bytes) is
-// NOT within sm_120's 99 KB opt-in: there the launchers' cudaFuncSetAttribute to it fails, as it does for
-// LinearSplitKernel (linear.cu); neither has run on sm_120.
+// block), and never more than the split-K kernels' limit (kSplitMaxSharedBytes: 99 KB, sm_120's opt-in; sm_120
+// has never run this code).
 int64_t FusedSmemBudget(int min_blocks) {
   return std::min<int64_t>(kSplitMaxSharedBytes, (int64_t{228} * 1024) / std::max(1, min_blocks) - 1024);
 }

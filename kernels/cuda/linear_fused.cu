@@ -33,6 +33,7 @@
 #include "kernels/cuda/e4m3_bits.h"
 #include "kernels/cuda/linear_device.cuh"
 #include "kernels/cuda/linear_params.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -40,39 +41,9 @@ namespace {
 // Raw 32-bit words one thread loads per weight row and 64-wide sub-step (16 e4m3 bytes or 16 bf16 values) and
 // sub-steps per step (a step is one FP8 block-128 column: 128 K elements; BF16 steps are 64 wide).
 template <LinearKernelFormat F>
-constexpr int kFusedRaw = F == LinearKernelFormat::kFp8 ? 4 : 8;
+constexpr int kFusedRaw = kRawWords<F>;
 template <LinearKernelFormat F>
 constexpr int kFusedSub = F == LinearKernelFormat::kFp8 ? 2 : 1;
-
-// Weight elements [k, k + 16) of one row (zeros past Kin or for a row that does not exist).
-template <LinearKernelFormat F>
-__device__ __forceinline__ void FusedLoadW(const void* row, bool row_ok, bool vec, int64_t k, int64_t kin,
-                                           uint32_t (&raw)[kFusedRaw<F>]) {
-  if (row_ok && vec && k + 16 <= kin) {
-    if constexpr (F == LinearKernelFormat::kFp8) {
-      const uint4 v = __ldg(reinterpret_cast<const uint4*>(static_cast<const uint8_t*>(row) + k));
-      raw[0] = v.x, raw[1] = v.y, raw[2] = v.z, raw[3] = v.w;
-    } else {
-      const uint4* src = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(row) + k);
-      const uint4 v0 = __ldg(src), v1 = __ldg(src + 1);
-      raw[0] = v0.x, raw[1] = v0.y, raw[2] = v0.z, raw[3] = v0.w;
-      raw[4] = v1.x, raw[5] = v1.y, raw[6] = v1.z, raw[7] = v1.w;
-    }
-    return;
-  }
-#pragma unroll
-  for (int w = 0; w < kFusedRaw<F>; ++w) raw[w] = 0;
-  if (!row_ok) return;
-#pragma unroll
-  for (int e = 0; e < 16; ++e) {
-    if (k + e >= kin) break;
-    if constexpr (F == LinearKernelFormat::kFp8) {
-      raw[e / 4] |= static_cast<uint32_t>(static_cast<const uint8_t*>(row)[k + e]) << (8 * (e % 4));
-    } else {
-      raw[e / 2] |= static_cast<uint32_t>(static_cast<const uint16_t*>(row)[k + e]) << (16 * (e % 2));
-    }
-  }
-}
 
 // MMA k-step j's A words of one row and sub-step from its raw words: word 2j = elements 4j, 4j+1 and 2j+1 = 4j+2,
 // 4j+3 as bf16x2. kBits: the values are the weights times 2^-120 (e4m3_bits.h).
@@ -166,7 +137,7 @@ __device__ __forceinline__ void FusedBody(const FusedLinearParams& p, const Fuse
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
 #pragma unroll
-      for (int u = 0; u < kS; ++u) FusedLoadW<F>(rows[h], row_ok[h], vec, k + 16 * u, kin, raw[h][u]);
+      for (int u = 0; u < kS; ++u) LoadWeightRow<F>(rows[h], row_ok[h], vec, k + 16 * u, kin, raw[h][u]);
       sc[h] = 1.f;
       if constexpr (kFp8) sc[h] = row_ok[h] ? __ldg(scale_row[h] + s) : 0.f;
     }
@@ -283,6 +254,7 @@ constexpr int kFusedRing = kMinBlocks >= kFusedLeanBlocks ? 1 : 2;
 template <int NW, int kMinBlocks, bool kBits>
 __global__ void __launch_bounds__(32 * kSplitWarps, kMinBlocks)
     LinearFusedKernel(const __grid_constant__ FusedLinearParams p) {
+  PdlEnter();
   extern __shared__ __align__(16) unsigned char fused_smem[];
   // The weight of this block's row block: the last whose first block is <= blockIdx.z (block0 ascends). Uniform
   // over the block and over its cluster (the cluster spans grid x only).
@@ -331,7 +303,7 @@ cudaError_t LaunchFused(const FusedLinearParams& p, cudaStream_t stream) {
   cluster_dim[0].val.clusterDim.z = 1;
   config.attrs = cluster_dim;
   config.numAttrs = pl.cluster > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, LinearFusedKernel<NW, kMinBlocks, kBits>, p);
+  return LaunchPdlConfig(config, LinearFusedKernel<NW, kMinBlocks, kBits>, p);
 }
 
 template <int NW, bool kBits>

@@ -31,9 +31,15 @@ enum class LinearKernel { kTiled, kSplitK };
 inline constexpr int64_t kSplitMaxTokens = 128;
 // Warps of a split-K block (warps_m * warps_k) and its shared memory: the x slice [8*n_tiles, k_slice + 4] bf16
 // (<= kSplitXBytes) + the partial sums [warps][4*m_tiles*n_tiles][32 lanes] f32 (<= 32 KB): two blocks fit an SM.
+// The total is capped at 99 KB, sm_120's (and sm_86/89's) per-block opt-in: the launchers raise each split-K
+// kernel's limit to kSplitMaxSharedBytes, and above a device's opt-in that raise fails (every linear would then
+// return the error). The largest x slice any flash plan takes is 65,792 bytes (n_tiles 4, k_slice 1024), so the
+// plans are the same as with the earlier 68 KB (`dsv4-gemm-bench --plans`, sms 132 and 170: identical).
 inline constexpr int kSplitWarps = 8;
-inline constexpr int64_t kSplitXBytes = 68 * 1024;
+inline constexpr int64_t kSplitXBytes = 67 * 1024 - 16;
 inline constexpr int64_t kSplitMaxSharedBytes = kSplitXBytes + 16 + 32 * 1024;
+inline constexpr int64_t kSm120OptinSharedBytes = 99 * 1024;
+static_assert(kSplitMaxSharedBytes <= kSm120OptinSharedBytes, "split-K shared memory above sm_120's opt-in");
 // FP8 split-K plans with a shared-memory weight ring (LinearPlan::stages > 0, linear_ring.cu): each warp streams
 // its 16-row x 128-K steps (kRingTileBytes) with cp.async into `stages` slots of its own (each + 16 bytes for the
 // step's block scale), so the bytes in flight no longer depend on registers. A block may then use up to

@@ -21,6 +21,7 @@
 
 #include "kernels/cuda/linear_device.cuh"
 #include "kernels/cuda/linear_params.h"
+#include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
@@ -34,6 +35,7 @@ constexpr int kRingMinBlocks = NW == 1 ? 4 : 2;
 
 template <int NW, int kStages>
 __global__ void __launch_bounds__(32 * kSplitWarps, kRingMinBlocks<NW>) LinearRingKernel(const LinearParams p) {
+  PdlEnter();
   extern __shared__ __align__(16) unsigned char ring_smem[];
   constexpr int kTokens = 8 * NW;
   constexpr int kAcc = NW * 4;
@@ -224,7 +226,7 @@ cudaError_t LaunchRing(const LinearParams& p, cudaStream_t stream) {
   cluster_dim[0].val.clusterDim.z = 1;
   config.attrs = cluster_dim;
   config.numAttrs = pl.cluster > 1 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, LinearRingKernel<NW, kStages>, p);
+  return LaunchPdlConfig(config, LinearRingKernel<NW, kStages>, p);
 }
 
 template <int NW>

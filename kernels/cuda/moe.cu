@@ -12,7 +12,7 @@
 //   down (w2, 32 output rows): weight[entry] * (W2 h) -> out[entry] in fp32
 // The combine then sums each token's entries in ascending expert id onto the shared expert's output, so the
 // result of a token does not depend on the batch or on the run. The GEMMs and the combine are launched with
-// PDL after the router (moe_pdl.h): each waits for its predecessor before touching memory.
+// PDL after the router (pdl.h): each waits for its predecessor before touching memory.
 // (A cp.async-ring variant of the GEMM, same bits, was measured slower at every shape: bench/RESULTS.md,
 // 2026-12-01 "MoE grouped GEMM, issue 14 part 2".)
 #include <cuda_bf16.h>
@@ -219,7 +219,7 @@ __device__ void ExpertPass(const MoeExpertParams& p, const uint8_t* codes, const
   PassEpilogue<kKind, kUp, NT>(p, acc, red, slot, list0, rows);
 }
 
-// Launched with PDL (moe_pdl.h). blockIdx = (tile pair, active expert slot); blocks past the device-side
+// Launched with PDL (pdl.h). blockIdx = (tile pair, active expert slot); blocks past the device-side
 // count exit at once.
 template <Fp4Kind kKind, bool kUp>
 __global__ void __launch_bounds__(kGemmWarps * 32, 4) ExpertGemmKernel(MoeExpertParams p) {
@@ -276,6 +276,7 @@ __global__ void CombineKernel(MoeCombineParams p) {
 }
 
 __global__ void SwigluKernel(MoeSwigluParams p) {
+  PdlEnter();
   const int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   if (i >= p.n) return;
   const float g = fminf(p.g[i], p.limit);
@@ -344,8 +345,8 @@ absl::Status LaunchMoeCombine(const MoeCombineParams& p, cudaStream_t stream) {
 
 absl::Status LaunchMoeSwiglu(const MoeSwigluParams& p, cudaStream_t stream) {
   if (p.n == 0) return absl::OkStatus();
-  SwigluKernel<<<static_cast<unsigned>((p.n + 255) / 256), 256, 0, stream>>>(p);
-  return CudaStatus(cudaGetLastError(), "MoE shared SwiGLU launch");
+  return CudaStatus(LaunchPdl(SwigluKernel, dim3(static_cast<unsigned>((p.n + 255) / 256)), dim3(256), 0, stream, p),
+                    "MoE shared SwiGLU launch");
 }
 
 }  // namespace dsv4::kernels::cuda::moe

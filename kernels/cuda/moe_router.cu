@@ -6,7 +6,7 @@
 // for the experts), then one block that selects every token's experts and builds the lists (counts in shared
 // memory, one scan, a scatter), so nothing is read back to the host and one CUDA graph serves any routing.
 // Above kFusedSelectTokens tokens the selection is spread over blocks of 8 tokens and one block builds the
-// lists after it (three launches). All are launched with PDL (moe_pdl.h).
+// lists after it (three launches). All are launched with PDL (pdl.h).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/pdl.h"
 #include "kernels/cuda/sample_params.h"
 #include "kernels/sample_math.h"
 
@@ -328,6 +329,7 @@ __device__ bool SelectCut(const Row& row, u64 floor, u64 k, float top_p, Shared&
 }
 
 __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const SampleKernelParams p) {
+  PdlEnter();
   __shared__ Shared sh;
   const int64_t r = blockIdx.x;
   const SampleParams q = p.params[r];
@@ -375,8 +377,7 @@ __global__ void __launch_bounds__(kThreads, 1) SampleKernel(const SampleKernelPa
 namespace internal {
 
 cudaError_t LaunchSampleKernel(const SampleKernelParams& p, cudaStream_t stream) {
-  SampleKernel<<<static_cast<unsigned>(p.r), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  return LaunchPdl(SampleKernel, dim3(static_cast<unsigned>(p.r)), dim3(kThreads), 0, stream, p);
 }
 
 }  // namespace internal

@@ -17,6 +17,7 @@
 #include "tests/gpu_check/gpu_check.h"
 #include "kernels/backend_factory.h"
 #include "kernels/cpu/cpu_sample.h"
+#include "kernels/cuda/pdl.h"
 #include "kernels/device_control.h"
 #include "metrics/phase_timer.h"
 #include "tests/model/model_fixture.h"
@@ -192,6 +193,44 @@ TEST(CudaGraphStep, ReplayEqualsEagerBitForBit) {
   }
   EXPECT_EQ(runner.replays(8), 19);
   EXPECT_EQ(runner.eager_steps(8), 19);
+}
+
+// Programmatic dependent launch (kernels/cuda/pdl.h) changes when a kernel's blocks become resident, never what
+// they compute: the same steps with PDL off (set A, eager) and on (set B, eager and replayed graphs captured with
+// it on) must give the same bits. A kernel that touched memory before its PdlEnter() would race its predecessor
+// and may show up here (or in the graph-vs-eager test above, which runs with PDL on) - only where the race corrupts
+// data, and only on the kernel paths the tiny model takes.
+TEST(CudaGraphStep, PdlOnAndOffGiveTheSameBits) {
+  DSV4_SKIP_WITHOUT_GPU();
+  struct ResetPdl {  // the override must not outlive this test, also when an ASSERT returns early
+    ~ResetPdl() { kernels::cuda::SetPdlForTesting(-1); }
+  } reset_pdl;
+  auto m = Load(NumericMode::kProduction);
+  ASSERT_NE(m, nullptr);
+  const int64_t V = m->config().vocab_size;
+  const int k = 5;
+  TwoSets t = MakeSets(*m, k, 300);
+  kernels::cuda::SetPdlForTesting(1);
+  worker::GraphRunner runner(*m, Cuda().device_control(), {1, 2, 4, 8});
+  auto report = runner.CaptureAll();
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::vector<float> off(k * V), on(k * V);
+  const std::vector<int> prefill = {90, 2, 130, 1, 64};
+  for (int step = 0; step < 24; ++step) {
+    t.Next(step, prefill);
+    kernels::cuda::SetPdlForTesting(0);
+    absl::Status s = step == 0 ? m->Forward(t.a, off.data()) : runner.RunDecode(t.a, off.data(), /*eager=*/true);
+    ASSERT_TRUE(s.ok()) << s;
+    kernels::cuda::SetPdlForTesting(1);
+    // Odd steps replay the graphs (captured with PDL on), even ones launch eagerly with it on.
+    s = step == 0 ? m->Forward(t.b, on.data()) : runner.RunDecode(t.b, on.data(), /*eager=*/step % 2 == 0);
+    ASSERT_TRUE(s.ok()) << s;
+    const Diff d = Compare(on, off, k, V);
+    EXPECT_EQ(d.first_diff, -1) << "step " << step << ": PDL on vs off not bit-identical (row " << d.first_diff / V
+                                << ", max |diff| " << d.max_abs << ")";
+  }
+  EXPECT_EQ(runner.replays(8), 12);      // odd steps 1..23
+  EXPECT_EQ(runner.eager_steps(8), 34);  // set A on steps 1..23, set B on even steps 2..22
 }
 
 TEST(CudaGraphStep, ReplayedSamplingDrawsTheHostSamplersTokensFromEagerLogits) {
