@@ -192,42 +192,37 @@ LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms)
   return PlanTiled(t, n, k, groups, sms);
 }
 
-// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md, 2026-12-01;
-// the three kernels timed side by side in one run, b7eed59). Up to 8 tokens the split-K kernel with its register
-// ring wins on FP8 weights of >= 8192 rows (wq_b 15.8 vs 20.6 us tiled, 21.3 ring, at T = 1; wo_a 23.0) and of
-// <= 512 rows (wkv 5.4 us); the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16. From 9
-// tokens the split-K kernel wins except on 4096-row FP8 weights up to 32 tokens (wo_b, shared w2, fused w1+w3:
-// tiled by 5-25%). The FP8 weight ring (linear_ring.cu) wins where many tokens meet a large weight: above 16
-// tokens on 32 MiB weights (wo_a 49.2 vs 55.6 us, wo_b 43.7 vs 51.7 at T = 32), above 32 on >= 16 MiB (fused
-// w1+w3 44.1 vs 51.4 at T = 64), above 64 on >= 6 MiB (shared w1 43.5 vs 50.8, wq_b 97 vs 106 at T = 128); it
-// loses below that (wq_b 21.3 vs 15.8 us at T = 1: bench/RESULTS.md has the ncu account). Prefill
-// (> kSplitMaxTokens tokens) is tiled. Since the fourth session (bench/RESULTS.md "Fourth session"), up to 8 tokens
-// FP8 weights of >= 16 MiB with K >= 4096 take the multi-weight kernel's lean build (wo_a 19.9 vs 23.0 us, wo_b
-// 19.9 vs 23.2 at T = 1). cuBLASLt, faster at T >= 16 (bf16 on dequantised weights) and on the
-// largest FP8 weights (block-scaled FP8, activations quantised to e4m3), is not called: docs/cuda-backend.md.
+// The one place that picks a kernel per shape, from dsv4-gemm-bench on the H200 (bench/RESULTS.md; every plan
+// variant timed side by side in one run). Up to 8 tokens (second session, b7eed59): the split-K kernel with its
+// register ring wins on FP8 weights of >= 8192 rows (wq_b 15.8 vs 20.6 us tiled at T = 1) and of <= 512 rows (wkv
+// 5.4 us); the tiled kernel wins or ties on the 1024-4096-row FP8 weights and on BF16; FP8 weights of >= 16 MiB with
+// K >= 4096 take the multi-weight kernel's lean build (fourth session: wo_a 19.9 vs 23.0 us, wo_b 19.9 vs 23.2 at
+// T = 1). From 9 to 128 tokens (fifth session, after the split-K kernel's x staging and epilogue were rewritten:
+// 1.3-1.6x faster there) the split-K kernel wins on every flash shape - over the FP8 weight ring (linear_ring.cu)
+// too, which the planner no longer picks (wq_b 21.0 vs 34.4 us at T = 32, 73 vs 97 at T = 128; wo_b 53.7 vs 67.6 at
+// T = 64) - except the short-row 4096-row FP8 weight (shared w2 at TP 4, [4096, 512]: tiled 4.9 / 6.8 us vs 5.7 /
+// 7.1 at T = 16 / 32). Prefill (> kSplitMaxTokens tokens) is tiled. cuBLASLt - faster from T = 16 (bf16 on
+// dequantised weights, twice the bytes) and on the largest FP8 weights (block-scaled FP8, activations quantised to
+// e4m3: 2.5e-2 error) - is not called: docs/cuda-backend.md.
 LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format) {
   const int64_t rows = n * groups;
   const bool fp8 = format == LinearKernelFormat::kFp8;
-  if (fp8) {
+  if (fp8 && t <= 8) {
     const int64_t bytes = rows * k;
     // The multi-weight kernel's lean build (4 blocks of <= 64-register warps per SM, one group per entry) on large
     // weights with long rows at decode sizes: wo_a (8 groups of 1024 x 4096) 23.0 -> 19.9 us at T = 1 and 27.1 ->
     // 22.5 at T = 8, wo_b (4096 x 8192) 23.2 -> 19.6 / 26.3 -> 22.1 on the H200 (bench/RESULTS.md "Fourth
     // session"); at K = 1024 (wq_b) and below 16 MB the split-K / tiled kernels stay as fast or faster.
-    if (t <= 8 && bytes >= (int64_t{16} << 20) && k >= 4096 && groups <= kFusedMaxWeights) {
+    if (bytes >= (int64_t{16} << 20) && k >= 4096 && groups <= kFusedMaxWeights) {
       const std::vector<int64_t> group_rows(static_cast<size_t>(groups), n);
       if (std::optional<LinearPlan> lean = PlanFusedLinear(t, group_rows, k, sms, kFusedLeanBlocks)) return *lean;
-    }
-    const int64_t ring_from = t > 64 ? int64_t{6} << 20 : t > 32 ? int64_t{16} << 20 : t > 16 ? int64_t{32} << 20 : -1;
-    if (ring_from > 0 && bytes >= ring_from) {
-      if (std::optional<LinearPlan> plan = PlanRingLinear(t, n, k, groups, sms)) return *plan;
     }
   }
   bool split = true;
   if (t <= 8) {
     split = fp8 && (rows >= 8192 || rows <= 512);
   } else if (t <= 32) {
-    split = !(fp8 && groups == 1 && rows >= 4096 && rows < 8192);
+    split = !(fp8 && groups == 1 && rows >= 4096 && rows < 8192 && k <= 512);
   }
   if (split) {
     if (std::optional<LinearPlan> plan = PlanSplitKLinear(t, n, k, groups, sms)) return *plan;

@@ -330,14 +330,22 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
   uint16_t* xs = reinterpret_cast<uint16_t*>(split_smem);
   const int64_t pitch = p.plan.k_slice + 4;
   {
-    const int64_t quads = p.plan.k_slice / 4;
     const int64_t k_base = s_begin * kStep;
-    for (int64_t idx = threadIdx.x; idx < kTokens * quads; idx += blockDim.x) {
-      const int64_t r = idx / quads, c = (idx % quads) * 4;
-      const int64_t t = tok0 + r, k = k_base + c;
-      uint2 v{0u, 0u};
-      if (t < p.t && k < p.k) v = LoadX4(p, t * p.x_stride + grp * p.k, k);
-      *reinterpret_cast<uint2*>(xs + r * pitch + XPos(c)) = v;
+    const int64_t x_row0 = tok0 * p.x_stride + grp * p.k;
+    const int quads = static_cast<int>(p.plan.k_slice / 4);
+    if (p.vec && !p.x_bf16 && k_base + p.plan.k_slice <= p.k && tok0 + kTokens <= p.t) {
+      // The common case (f32 x, whole slice inside Kin and T): one 16-byte load and two packs a quad, no checks.
+      const float4* x0 = reinterpret_cast<const float4*>(static_cast<const float*>(p.x) + x_row0 + k_base);
+      const int64_t row_quads = p.x_stride / 4;  // vec: x_stride % 4 == 0
+      StageXSlice<8>(xs, static_cast<int>(pitch), kTokens, quads, [&](int r, int cq) {
+        const float4 v = __ldg(x0 + r * row_quads + cq);
+        return uint2{PackBf16x2(v.x, v.y), PackBf16x2(v.z, v.w)};
+      });
+    } else {
+      StageXSlice<8>(xs, static_cast<int>(pitch), kTokens, quads, [&](int r, int cq) {
+        const int64_t k = k_base + 4 * cq;
+        return tok0 + r < p.t && k < p.k ? LoadX4(p, x_row0 + r * p.x_stride, k) : uint2{0u, 0u};
+      });
     }
   }
   __syncthreads();

@@ -138,6 +138,37 @@ __device__ __forceinline__ uint2 LoadX4(const LinearParams& p, int64_t off, int6
   return out;
 }
 
+// Stages a block's x slice into shared memory: `rows` token rows x `quads` 4-element columns, each quad from
+// load(r, cq) (two bf16x2 words, zeros where the caller wants them) stored at xs[r * pitch + XPos(4 cq)].
+// Threads are laid out as row groups of `quads` threads (one pass of columns when quads < blockDim), and each
+// thread issues kBatch rows' loads before their stores: a T = 32 slice costs 2 L2 round trips a thread, not 16 (the
+// split-K kernel's former one-quad-at-a-time loop with a 64-bit index division was most of its instructions at
+// T >= 16: ncu, bench/RESULTS.md "Fifth session"). 32-bit index arithmetic only: rows * quads < 2^31.
+template <int kBatch, class Load>
+__device__ __forceinline__ void StageXSlice(uint16_t* xs, int pitch, int rows, int quads, Load&& load) {
+  const int nthreads = static_cast<int>(blockDim.x), tid = static_cast<int>(threadIdx.x);
+  const int row_groups = quads >= nthreads ? 1 : nthreads / quads;
+  const int rg = tid / quads;
+  if (rg >= row_groups) return;
+  const int col_step = quads >= nthreads ? nthreads : quads;
+  for (int cq = tid - rg * quads; cq < quads; cq += col_step) {
+    const int pos = static_cast<int>(XPos(4 * cq));
+    for (int r0 = rg; r0 < rows; r0 += kBatch * row_groups) {
+      uint2 v[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int r = r0 + b * row_groups;
+        v[b] = r < rows ? load(r, cq) : uint2{0u, 0u};
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int r = r0 + b * row_groups;
+        if (r < rows) *reinterpret_cast<uint2*>(xs + r * pitch + pos) = v[b];
+      }
+    }
+  }
+}
+
 // cp.async of 16 bytes (the first src_bytes of them read, the rest zero-filled; L1 bypassed) and of 4 bytes, the
 // commit of a group and the wait until at most N of this thread's groups are pending.
 __device__ __forceinline__ void CpAsync16(uint32_t dst, const void* src, int src_bytes) {
@@ -183,20 +214,58 @@ __device__ __forceinline__ void SplitEpilogueTo(const LinearPlan& plan, float* y
     return;
   }
 
-  // Split: every warp parks its partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c). Then, in a fixed
-  // order: each block adds its warps_k warps' sums (in place, into warp (wm, 0)'s slot), and after a cluster
-  // barrier the cluster adds the blocks' sums in rank order (distributed shared memory). All loads of a sum are
-  // issued before its adds, so a sum costs one load latency, not one per term.
-  {
-    float* dst = red + static_cast<int64_t>(wm * warps_k + wk) * kAcc * 32 + lane;
+  // Split: the warps wk > 0 park their partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c) and warp (wm, 0)
+  // adds them to its own in order wk = 1, 2, ... in registers (the same lane, the same v: no index arithmetic - the
+  // former element-wise loop over the block's tile was a quarter of the split-K kernel's instructions at T = 32,
+  // ncu). With a cluster, warp (wm, 0) then parks the block's sums and after a cluster barrier the cluster's threads
+  // add the blocks' sums in rank order (distributed shared memory). All loads of a sum are issued before its adds,
+  // so a sum costs one load latency, not one per term. The order is fixed: results are deterministic.
+  auto park = [&](int slot, const float (&v)[MW][NW][4]) {
+    float* dst = red + static_cast<int64_t>(slot) * kAcc * 32 + lane;
 #pragma unroll
     for (int i = 0; i < MW; ++i)
 #pragma unroll
       for (int jn = 0; jn < NW; ++jn)
 #pragma unroll
-        for (int c = 0; c < 4; ++c) dst[32 * ((i * NW + jn) * 4 + c)] = acc[i][jn][c];
+        for (int c = 0; c < 4; ++c) dst[32 * ((i * NW + jn) * 4 + c)] = v[i][jn][c];
+  };
+  float sum[MW][NW][4];
+#pragma unroll
+  for (int i = 0; i < MW; ++i)
+#pragma unroll
+    for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) sum[i][jn][c] = acc[i][jn][c];
+  if (warps_k > 1) {
+    if (wk > 0) park(wm * warps_k + wk, acc);
+    __syncthreads();
+    if (wk == 0) {
+      for (int w = 1; w < warps_k; ++w) {
+        const float* src = red + static_cast<int64_t>(wm * warps_k + w) * kAcc * 32 + lane;
+#pragma unroll
+        for (int i = 0; i < MW; ++i)
+#pragma unroll
+          for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) sum[i][jn][c] += src[32 * ((i * NW + jn) * 4 + c)];
+      }
+    }
   }
-  __syncthreads();
+  if (cluster == 1) {
+    if (wk != 0) return;
+#pragma unroll
+    for (int i = 0; i < MW; ++i)
+#pragma unroll
+      for (int jn = 0; jn < NW; ++jn)
+#pragma unroll
+        for (int c = 0; c < 4; ++c) {
+          const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
+          const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
+          if (r < n && t < tokens) y[t * y_stride + r] = sum[i][jn][c];
+        }
+    return;
+  }
+  if (wk == 0) park(wm * warps_k, sum);
   const int total = warps_m * kAcc * 32;
   // Element e of the block's tile: warp row em, accumulator v, lane el -> output (row r, token t), or false.
   auto element = [&](int e, int& em, int& v, int& el, int64_t& r, int64_t& t) {
@@ -206,29 +275,6 @@ __device__ __forceinline__ void SplitEpilogueTo(const LinearPlan& plan, float* y
     t = tok0 + 8 * jn + 2 * (el & 3) + (c % 2);
     return r < n && t < tokens;
   };
-  if (warps_k > 1) {
-    for (int e = static_cast<int>(threadIdx.x); e < total; e += static_cast<int>(blockDim.x)) {
-      int em, v, el;
-      int64_t r, t;
-      if (!element(e, em, v, el, r, t)) continue;
-      float part[kSplitWarps];
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w) {
-        part[w] = w < warps_k ? red[(static_cast<int64_t>(em * warps_k + w) * kAcc + v) * 32 + el] : 0.f;
-      }
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kSplitWarps; ++w) {
-        if (w < warps_k) sum += part[w];
-      }
-      if (cluster == 1) {
-        y[t * y_stride + r] = sum;
-      } else {
-        red[(static_cast<int64_t>(em * warps_k) * kAcc + v) * 32 + el] = sum;
-      }
-    }
-  }
-  if (cluster == 1) return;
   ClusterSync();
   for (int e = rank * static_cast<int>(blockDim.x) + static_cast<int>(threadIdx.x); e < total;
        e += cluster * static_cast<int>(blockDim.x)) {
@@ -239,12 +285,12 @@ __device__ __forceinline__ void SplitEpilogueTo(const LinearPlan& plan, float* y
     float part[8];
 #pragma unroll
     for (int b = 0; b < 8; ++b) part[b] = b < cluster ? LoadClusterShared(src, static_cast<uint32_t>(b)) : 0.f;
-    float sum = 0.f;
+    float total_sum = 0.f;
 #pragma unroll
     for (int b = 0; b < 8; ++b) {
-      if (b < cluster) sum += part[b];
+      if (b < cluster) total_sum += part[b];
     }
-    y[t * y_stride + r] = sum;
+    y[t * y_stride + r] = total_sum;
   }
   // No block may leave while another still reads its shared memory.
   ClusterSync();

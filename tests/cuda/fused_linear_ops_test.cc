@@ -273,6 +273,32 @@ TEST(FusedLinearPlan, AutoLinearPlanTakesTheLeanBuildOnLargeLongRowWeights) {
   EXPECT_EQ(AutoLinearPlan(1, 1024, 4096, 9, 132, LinearKernelFormat::kFp8).min_blocks, 0);  // > 8 groups
 }
 
+// From 9 to 128 tokens the automatic plan is the split-K kernel with its register ring on every flash shape (never
+// the FP8 weight ring, slower everywhere since the fifth session's staging and epilogue rewrite), except the tiled
+// kernel for the short-row 4096-row FP8 weight up to 32 tokens (shared w2 at TP 4); prefill is tiled.
+TEST(LinearPlan, AutoPlanFromNineTokensIsSplitK) {
+  struct Shape {
+    int64_t n, k;
+    int groups;
+    LinearKernelFormat f;
+  };
+  const Shape shapes[] = {{32768, 1024, 1, LinearKernelFormat::kFp8}, {1024, 4096, 8, LinearKernelFormat::kFp8},
+                          {4096, 8192, 1, LinearKernelFormat::kFp8},  {1024, 4096, 1, LinearKernelFormat::kFp8},
+                          {4096, 2048, 1, LinearKernelFormat::kFp8},  {1024, 4096, 1, LinearKernelFormat::kBf16}};
+  for (const int64_t t : {9, 16, 32, 33, 64, 100, 128}) {
+    for (const Shape& s : shapes) {
+      const LinearPlan p = AutoLinearPlan(t, s.n, s.k, s.groups, 132, s.f);
+      EXPECT_EQ(p.kernel, LinearKernel::kSplitK) << t << " " << s.n << "x" << s.k << " " << LinearPlanName(p);
+      EXPECT_EQ(p.stages, 0) << t << " " << s.n << "x" << s.k << " " << LinearPlanName(p);
+      EXPECT_EQ(p.min_blocks, 0) << t << " " << s.n << "x" << s.k << " " << LinearPlanName(p);
+    }
+    EXPECT_EQ(AutoLinearPlan(t, 4096, 512, 1, 132, LinearKernelFormat::kFp8).kernel,
+              t <= 32 ? LinearKernel::kTiled : LinearKernel::kSplitK)
+        << t;
+  }
+  EXPECT_EQ(AutoLinearPlan(129, 1024, 4096, 1, 132, LinearKernelFormat::kFp8).kernel, LinearKernel::kTiled);
+}
+
 TEST(FusedLinear, FlashRatio4GroupEveryTokenCount) {
   DSV4_REQUIRE_GPU();
   for (const int64_t t : {1, 2, 3, 4, 8, 16, 32, 64, 100, 128}) {
