@@ -9,7 +9,7 @@ LD_LIBRARY_PATH=$PWD/$D/lib timeout 60 $D/bin/dsv4-decode-bench --simulate-rank=
 echo "decode rc=$?"; grep -E '^\| *[0-9]+ \| 8192' "$OUT/decode.txt"
 for v in new old; do
   B=$D; [ $v = old ] && B=$OLD
-  LD_LIBRARY_PATH=$PWD/$B/lib timeout 100 $B/bin/dsv4-gemm-bench --config=configs/flash.json --tokens=16,33,64,128 \
+  LD_LIBRARY_PATH=$PWD/$B/lib timeout 100 $B/bin/dsv4-gemm-bench --config=configs/flash.json --tokens=33,64,128 \
     --peers=false --variants=false --reps=20 --warmup_ms=2 --json="$OUT/g_$v.json" > "$OUT/g_$v.md" 2> "$OUT/g_$v.err"
   echo "$v rc=$?"
 done
