@@ -102,9 +102,11 @@ std::optional<LinearPlan> PlanFusedLinear(int64_t t, std::span<const int64_t> ro
   }
   if (min_blocks != kFusedMinBlocks && min_blocks != kFusedLeanBlocks) return std::nullopt;
   if (splits != 0 && (!PowerOfTwo(splits) || splits > 64)) return std::nullopt;
-  // Above 32 tokens the default build's 64-token warp tile (n_tiles 8) where its x slice fits (K <= 4096 with a
-  // cluster of 8), else 32-token tiles.
-  const int n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : t <= 32 ? 4 : 8;
+  // Above 32 tokens with K >= 4096 the default build's 64-token warp tile (n_tiles 8) where its x slice fits (K =
+  // 4096 with a cluster of 8), else 32-token tiles. Measured on the H200 (bench/RESULTS.md fifth session): at K = 4096
+  // 6-19% faster at T = 64 (the ratio-4 group 40.9 -> 34.3 us, shared w1+w3 38.0 -> 32.0, wo_a TP 4 21.8 -> 19.5);
+  // at K <= 2048 10-30% slower (c_q TP 4 20.5 -> 24.1, wq_b 37.8 -> 46.8: a few K steps per warp with one in flight).
+  const int n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : (t <= 32 || k < 4096) ? 4 : 8;
   if (min_blocks == kFusedLeanBlocks && n_tiles > 1) return std::nullopt;  // the lean build: one token tile
   if (n_tiles == 8) {
     if (std::optional<LinearPlan> wide = PlanFusedTiles(t, rows, k, sms, min_blocks, splits, bit_dequant, 8)) {
