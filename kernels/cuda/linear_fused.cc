@@ -60,7 +60,7 @@ int64_t FusedSharedBytes(const LinearPlan& plan, int64_t x_rows) {
 
 absl::Status CheckFusedPlan(const LinearPlan& pl, int64_t t, int64_t k, std::span<const int64_t> rows) {
   const bool shape_ok = pl.kernel == LinearKernel::kSplitK && pl.m_tiles == 1 && pl.stages == 0 &&
-                        (pl.n_tiles == 1 || pl.n_tiles == 2 || pl.n_tiles == 4) &&
+                        (pl.n_tiles == 1 || pl.n_tiles == 2 || pl.n_tiles == 4 || pl.n_tiles == 8) &&
                         (pl.min_blocks == kFusedMinBlocks || (pl.min_blocks == kFusedLeanBlocks && pl.n_tiles == 1));
   if (!shape_ok || pl.warps_m < 1 || pl.warps_k < 1 || pl.warps_m * pl.warps_k > kSplitWarps) {
     return absl::InvalidArgumentError(
@@ -82,6 +82,11 @@ absl::Status CheckFusedPlan(const LinearPlan& pl, int64_t t, int64_t k, std::spa
   return absl::OkStatus();
 }
 
+namespace {
+std::optional<LinearPlan> PlanFusedTiles(int64_t t, std::span<const int64_t> rows, int64_t k, int sms,
+                                         int min_blocks, int splits, bool bit_dequant, int n_tiles);
+}  // namespace
+
 // Sizes the work split like PlanSplitKLinear over the weights' summed row tiles: K split until about
 // kFusedWarpsPerSm warps per SM are busy (8 for the default build, as measured best for the split-K kernel on the
 // H200; 16 for the lean build, whose warps keep half the bytes in flight each), each warp with at least one
@@ -97,9 +102,28 @@ std::optional<LinearPlan> PlanFusedLinear(int64_t t, std::span<const int64_t> ro
   }
   if (min_blocks != kFusedMinBlocks && min_blocks != kFusedLeanBlocks) return std::nullopt;
   if (splits != 0 && (!PowerOfTwo(splits) || splits > 64)) return std::nullopt;
+  // Above 32 tokens with K >= 4096 the default build's 64-token warp tile (n_tiles 8) where its x slice fits (K =
+  // 4096 with a cluster of 8), else 32-token tiles. Measured on the H200 (bench/RESULTS.md fifth session): at K = 4096
+  // 6-19% faster at T = 64 (the ratio-4 group 40.9 -> 34.3 us, shared w1+w3 38.0 -> 32.0, wo_a TP 4 21.8 -> 19.5);
+  // at K <= 2048 10-30% slower (c_q TP 4 20.5 -> 24.1, wq_b 37.8 -> 46.8: a few K steps per warp with one in flight).
+  const int n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : (t <= 32 || k < 4096) ? 4 : 8;
+  if (min_blocks == kFusedLeanBlocks && n_tiles > 1) return std::nullopt;  // the lean build: one token tile
+  if (n_tiles == 8) {
+    if (std::optional<LinearPlan> wide = PlanFusedTiles(t, rows, k, sms, min_blocks, splits, bit_dequant, 8)) {
+      return wide;
+    }
+    return PlanFusedTiles(t, rows, k, sms, min_blocks, splits, bit_dequant, 4);
+  }
+  return PlanFusedTiles(t, rows, k, sms, min_blocks, splits, bit_dequant, n_tiles);
+}
+
+namespace {
+
+// PlanFusedLinear for a given token tile per warp (8 * n_tiles tokens).
+std::optional<LinearPlan> PlanFusedTiles(int64_t t, std::span<const int64_t> rows, int64_t k, int sms,
+                                         int min_blocks, int splits, bool bit_dequant, int n_tiles) {
   LinearPlan plan{.kernel = LinearKernel::kSplitK, .m_tiles = 1};
-  plan.n_tiles = t <= 8 ? 1 : t <= 16 ? 2 : 4;
-  if (min_blocks == kFusedLeanBlocks && plan.n_tiles > 1) return std::nullopt;  // the lean build: one token tile
+  plan.n_tiles = n_tiles;
   plan.min_blocks = min_blocks;
   plan.bit_dequant = bit_dequant;
   const int64_t token_tiles = CeilDiv(t, 8 * plan.n_tiles);
@@ -135,6 +159,8 @@ std::optional<LinearPlan> PlanFusedLinear(int64_t t, std::span<const int64_t> ro
   if (!CheckFusedPlan(plan, t, k, rows).ok()) return std::nullopt;
   return plan;
 }
+
+}  // namespace
 
 // The lean build up to 8 tokens: measured on the H200 (bench/RESULTS.md, "multi-weight linear, measured") 11-20%
 // faster than the default build on every wired group of >= 14 MB at T = 1..8 and within 3% on the small ones (its

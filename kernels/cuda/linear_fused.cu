@@ -19,7 +19,8 @@
 //    the block's tokens reads the last real row instead (its outputs are never stored);
 //  - kD weight steps in flight per warp: 2 in the default build (as LinearSplitKernel, __launch_bounds__ for 2
 //    blocks of 8 warps per SM), 1 in the lean build (4 blocks per SM: <= 64 registers, twice the warps to issue
-//    from - ncu put the split-K kernel at ~113 registers, ~15 warps per SM and 7 cycles per issue);
+//    from - ncu put the split-K kernel at ~113 registers, ~15 warps per SM and 7 cycles per issue), and 1 in the
+//    default build's 64-token warp tile (NW 8, 33-128 tokens: each weight step dequantised once for 64 tokens);
 //  - kBits: the FP8 dequantisation by bit moves (e4m3_bits.h: 3 instructions per 2 elements instead of 4); x is
 //    then staged times 2^kBitsXShift and each step's partial sums multiplied by 2^kBitsPartShift in fp32, both
 //    exact, so the sums equal the hardware path's for any practical x (e4m3_bits.h says where they could not).
@@ -161,7 +162,7 @@ __device__ __forceinline__ void FusedBody(const FusedLinearParams& p, const Fuse
     const float mul = (kFp8 && kBits) ? 0x1p64f : 1.f;
     const int k_base = s_begin * kStep;
     const int64_t x_row0 = tok0 * p.x_stride + e.x_col;
-    constexpr int kBatch = kD == 1 ? 4 : 8;
+    constexpr int kBatch = (kD == 1 && NW == 1) ? 4 : 8;  // the lean build: 4, for its 64 registers
     const int quads = static_cast<int>(p.plan.k_slice / 4);
     if (vec && !p.x_bf16 && k_base + static_cast<int>(p.plan.k_slice) <= kin) {
       // The common case (f32 x, whole slice inside Kin): one 16-byte load and two packs a quad, no checks.
@@ -244,9 +245,10 @@ __device__ __forceinline__ void FusedBody(const FusedLinearParams& p, const Fuse
   SplitEpilogueTo<1, NW>(p.plan, e.y, e.y_stride, n, p.t, acc, red, block_row0, row0, tok0, wm, wk, lane, rank);
 }
 
-// kD: weight steps in flight per warp - 2 where two blocks of 8 warps share an SM's registers, 1 for four.
-template <int kMinBlocks>
-constexpr int kFusedRing = kMinBlocks >= kFusedLeanBlocks ? 1 : 2;
+// kD: weight steps in flight per warp - 2 where two blocks of 8 warps share an SM's registers, 1 for four, and 1 for
+// the 64-token warp tile (NW 8: its 64 accumulators; two steps in flight spilled 156 bytes, one spills none).
+template <int kMinBlocks, int NW>
+constexpr int kFusedRing = (kMinBlocks >= kFusedLeanBlocks || NW == 8) ? 1 : 2;
 
 template <int NW, int kMinBlocks, bool kBits>
 __global__ void __launch_bounds__(32 * kSplitWarps, kMinBlocks)
@@ -263,9 +265,9 @@ __global__ void __launch_bounds__(32 * kSplitWarps, kMinBlocks)
   const FusedLinearEntry& e = p.e[idx];
   const int64_t row_block = static_cast<int64_t>(blockIdx.z) - e.block0;
   if (e.format == LinearKernelFormat::kFp8) {
-    FusedBody<LinearKernelFormat::kFp8, NW, kFusedRing<kMinBlocks>, kBits>(p, e, row_block, fused_smem);
+    FusedBody<LinearKernelFormat::kFp8, NW, kFusedRing<kMinBlocks, NW>, kBits>(p, e, row_block, fused_smem);
   } else {
-    FusedBody<LinearKernelFormat::kBf16, NW, kFusedRing<kMinBlocks>, false>(p, e, row_block, fused_smem);
+    FusedBody<LinearKernelFormat::kBf16, NW, kFusedRing<kMinBlocks, NW>, false>(p, e, row_block, fused_smem);
   }
 }
 
@@ -327,6 +329,7 @@ cudaError_t LaunchFusedLinearKernel(const FusedLinearParams& p, cudaStream_t str
     case 1: return LaunchFusedTokens<1>(p, stream);
     case 2: return LaunchFusedTokens<2>(p, stream);
     case 4: return LaunchFusedTokens<4>(p, stream);
+    case 8: return LaunchFusedTokens<8>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -58,7 +58,7 @@ inline constexpr int kMaxStages = 4;
 struct LinearPlan {
   LinearKernel kernel = LinearKernel::kTiled;
   int m_tiles = 2;   // MW: 16-row MMA tiles per warp (1 or 2)
-  int n_tiles = 1;   // NW: 8-token MMA tiles per warp (1, 2 or 4)
+  int n_tiles = 1;   // NW: 8-token MMA tiles per warp (1, 2 or 4; 8 in the multi-weight kernel's default build)
   int warps_m = 8;   // WM
   int warps_k = 1;   // WK (kTiled: warps_m * warps_k <= 16; kSplitK: <= kSplitWarps)
   int cluster = 1;   // kSplitK: blocks of a cluster splitting K (1, 2, 4 or 8)

@@ -217,7 +217,8 @@ TEST(FusedLinearPlan, FlashGroupsEveryTokenCount) {
           EXPECT_EQ(plan->min_blocks, min_blocks) << what;
           EXPECT_EQ(plan->bit_dequant, bits) << what;
           EXPECT_EQ(plan->m_tiles, 1) << what;
-          EXPECT_EQ(plan->n_tiles, t <= 8 ? 1 : t <= 16 ? 2 : 4) << what;
+          // 64-token warp tiles above 32 tokens at K >= 4096 (these groups' K = 4096 slices fit).
+          EXPECT_EQ(plan->n_tiles, t <= 8 ? 1 : t <= 16 ? 2 : (t <= 32 || k < 4096) ? 4 : 8) << what;
           EXPECT_GE(plan->cluster * plan->k_slice, k) << what;
           const int64_t smem = internal::FusedSharedBytes(*plan, std::min<int64_t>(t, 8 * plan->n_tiles));
           EXPECT_LE(smem, (int64_t{228} * 1024) / min_blocks - 1024) << what << " " << LinearPlanName(*plan);
@@ -273,10 +274,11 @@ TEST(FusedLinearPlan, AutoLinearPlanTakesTheLeanBuildOnLargeLongRowWeights) {
   EXPECT_EQ(AutoLinearPlan(1, 1024, 4096, 9, 132, LinearKernelFormat::kFp8).min_blocks, 0);  // > 8 groups
 }
 
-// From 9 to 128 tokens the automatic plan is the split-K kernel with its register ring on every flash shape (never
+// From 9 to 32 tokens the automatic plan is the split-K kernel with its register ring on every flash shape (never
 // the FP8 weight ring, slower everywhere since the fifth session's staging and epilogue rewrite), except the tiled
-// kernel for the short-row 4096-row FP8 weight up to 32 tokens (shared w2 at TP 4); prefill is tiled.
-TEST(LinearPlan, AutoPlanFromNineTokensIsSplitK) {
+// kernel for the short-row 4096-row FP8 weight; from 33 to 128 the multi-weight kernel's 64-token warp tile where
+// K >= 4096 and its x slice fits (K = 4096), else the split-K kernel; prefill is tiled.
+TEST(LinearPlan, AutoPlanFromNineTokens) {
   struct Shape {
     int64_t n, k;
     int groups;
@@ -288,15 +290,29 @@ TEST(LinearPlan, AutoPlanFromNineTokensIsSplitK) {
   for (const int64_t t : {9, 16, 32, 33, 64, 100, 128}) {
     for (const Shape& s : shapes) {
       const LinearPlan p = AutoLinearPlan(t, s.n, s.k, s.groups, 132, s.f);
-      EXPECT_EQ(p.kernel, LinearKernel::kSplitK) << t << " " << s.n << "x" << s.k << " " << LinearPlanName(p);
-      EXPECT_EQ(p.stages, 0) << t << " " << s.n << "x" << s.k << " " << LinearPlanName(p);
-      EXPECT_EQ(p.min_blocks, 0) << t << " " << s.n << "x" << s.k << " " << LinearPlanName(p);
+      const std::string what = absl::StrCat(t, " tokens, ", s.n, " x ", s.k, " x ", s.groups, ": ", LinearPlanName(p));
+      EXPECT_EQ(p.kernel, LinearKernel::kSplitK) << what;
+      EXPECT_EQ(p.stages, 0) << what;
+      // K = 4096: always the 64-token tile; K = 8192: where its x slice fits (up to ~48 tokens); K < 4096: never.
+      if (t > 32 && (s.k == 4096 || (s.k > 4096 && p.min_blocks > 0))) {
+        EXPECT_EQ(p.min_blocks, kFusedMinBlocks) << what;
+        EXPECT_EQ(p.n_tiles, 8) << what;
+        EXPECT_TRUE(CheckFusedPlan(p, t, s.k, std::vector<int64_t>(static_cast<size_t>(s.groups), s.n)).ok()) << what;
+      } else {
+        EXPECT_EQ(p.min_blocks, 0) << what;
+        EXPECT_LE(p.n_tiles, 4) << what;
+      }
     }
-    EXPECT_EQ(AutoLinearPlan(t, 4096, 512, 1, 132, LinearKernelFormat::kFp8).kernel,
-              t <= 32 ? LinearKernel::kTiled : LinearKernel::kSplitK)
-        << t;
+    const LinearPlan w2 = AutoLinearPlan(t, 4096, 512, 1, 132, LinearKernelFormat::kFp8);
+    EXPECT_EQ(w2.kernel, t <= 32 ? LinearKernel::kTiled : LinearKernel::kSplitK) << t << " " << LinearPlanName(w2);
   }
   EXPECT_EQ(AutoLinearPlan(129, 1024, 4096, 1, 132, LinearKernelFormat::kFp8).kernel, LinearKernel::kTiled);
+  // The multi-weight kernel's own plans: 64-token tiles above 32 tokens at K = 4096, 32 where the slice does not fit
+  // (K = 8192) or K is short (1024: the c_q group).
+  EXPECT_EQ(AutoFusedLinearPlan(64, std::vector<int64_t>{1024, 512}, 4096, 132)->n_tiles, 8);
+  EXPECT_EQ(AutoFusedLinearPlan(32, std::vector<int64_t>{1024, 512}, 4096, 132)->n_tiles, 4);
+  EXPECT_EQ(AutoFusedLinearPlan(64, std::vector<int64_t>{4096, 4096}, 8192, 132)->n_tiles, 4);
+  EXPECT_EQ(AutoFusedLinearPlan(64, std::vector<int64_t>{8192, 8192}, 1024, 132)->n_tiles, 4);
 }
 
 TEST(FusedLinear, FlashRatio4GroupEveryTokenCount) {
