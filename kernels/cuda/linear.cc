@@ -218,10 +218,11 @@ LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, 
       if (std::optional<LinearPlan> lean = PlanFusedLinear(t, group_rows, k, sms, kFusedLeanBlocks)) return *lean;
     }
   }
-  if (t > 32 && k >= 4096 && groups <= kFusedMaxWeights) {
+  if (t > 32 && k >= 4096 && groups <= kFusedMaxWeights && format != LinearKernelFormat::kF32) {
     // 33-128 tokens, K >= 4096: the multi-weight kernel's 64-token warp tile where it fits (K = 4096): every weight
     // row is read and dequantised once per 64 tokens instead of once per 32 (PlanFusedLinear; bench/RESULTS.md
-    // fifth session: wo_a TP 4 21.8 -> 19.5 us, shared w1 21.5 -> 19.1 at T = 64; slower at K <= 2048).
+    // fifth session: wo_a TP 4 21.8 -> 19.5 us, shared w1 21.5 -> 19.1, BF16 compressor 14.0 -> 13.9 at T = 64 and
+    // 22.0 -> 20.0 at T = 128; wo_b, K = 8192, only at T = 33 where its slice fits: 52.7 -> 50.9; slower at K <= 2048).
     const std::vector<int64_t> group_rows(static_cast<size_t>(groups), n);
     std::optional<LinearPlan> wide = PlanFusedLinear(t, group_rows, k, sms, kFusedMinBlocks);
     if (wide && wide->n_tiles == 8) return *wide;

@@ -33,7 +33,6 @@
 namespace dsv4::kernels::cuda {
 namespace {
 
-// Raw 32-bit words one thread loads per weight row per step: 16 e4m3 bytes or 16 bf16 values.
 // Loads weight elements [k, k + 16) of one row (zeros past Kin or for a row that does not exist).
 template <LinearKernelFormat F>
 __device__ __forceinline__ void LoadWeights(const LinearParams& p, const void* row, bool row_ok, int64_t k,
@@ -245,9 +244,10 @@ __global__ void __launch_bounds__(NW == 1 ? 512 : 256) LinearMmaKernel(const Lin
 //  - each warp keeps kRing steps of weights (and their FP8 block scales) in flight in a register ring, issued
 //    before x is staged and re-issued kRing steps ahead as soon as a slot is converted;
 //  - K is split over warps_k warps of a block and over the `cluster` blocks of a thread-block cluster (grid x =
-//    cluster rank = K slice); every warp parks its partial sums in its block's shared memory, each block adds
-//    its warps' sums (warp 0..warps_k-1), and after a cluster barrier the cluster's threads add the blocks' sums
-//    (rank 0..cluster-1, distributed shared memory reads): a fixed order, so the result is deterministic.
+//    cluster rank = K slice); warps wk > 0 park their partial sums in the block's shared memory and warp (wm, 0)
+//    adds them to its own in order (wk 1..warps_k-1), and after a cluster barrier the cluster's threads add the
+//    blocks' sums (rank 0..cluster-1, distributed shared memory reads): a fixed order, so the result is
+//    deterministic (SplitEpilogue, linear_device.cuh).
 // Grid: (cluster, token tiles of 8*NW, groups * row blocks of 16*MW*warps_m rows).
 
 // 64-wide sub-steps per step (one FP8 block-128 column per step) and raw 32-bit words per row and sub-step.
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(32 * kSplitWarps, 2) LinearSplitKernel(const L
     if (d < my_steps) request(d, ring[d], ring_sc[d]);
   }
 
-  // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin), 4 elements per thread and pass.
+  // Stage x[tok0 .. +kTokens, slice] as bf16 (zeros past T and past Kin): StageXSlice, 8 rows' loads in flight.
   uint16_t* xs = reinterpret_cast<uint16_t*>(split_smem);
   const int64_t pitch = p.plan.k_slice + 4;
   {

@@ -53,7 +53,8 @@ std::optional<LinearPlan> PlanRingLinear(int64_t t, int64_t n, int64_t k, int gr
 // The multi-weight split-K kernel (linear_fused.cu): the plan for T tokens of weights with `rows` rows each and the
 // same Kin (1..kFusedMaxWeights weights; min_blocks kFusedMinBlocks or kFusedLeanBlocks; splits = cluster * warps_k,
 // a power of two <= 64, 0: chosen; bit_dequant: the FP8 bit-move dequantisation); nullopt where it has no build
-// (T > kSplitMaxTokens, the lean build above 8 tokens) or the x slice cannot fit.
+// (T > kSplitMaxTokens, the lean build above 8 tokens) or the x slice cannot fit. Token tiles of 8, 16, 32 tokens
+// a warp up to 8, 16, 32 tokens; above, 64 where K >= 4096 and the 64-row x slice fits (else 32).
 std::optional<LinearPlan> PlanFusedLinear(int64_t t, std::span<const int64_t> rows, int64_t k, int sms,
                                           int min_blocks = kFusedMinBlocks, int splits = 0, bool bit_dequant = false);
 // The plan FusedLinear launches without one: the lean build up to 8 tokens where it plans, the default build
