@@ -2,11 +2,13 @@
 // work-split plan (AutoLinearPlan: the one place that decides per shape) and the launch (LaunchLinear).
 // Kernels: linear.cu; contract: linear_params.h.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -207,23 +209,26 @@ LinearPlan PlanTiledLinear(int64_t t, int64_t n, int64_t k, int groups, int sms)
 LinearPlan AutoLinearPlan(int64_t t, int64_t n, int64_t k, int groups, int sms, LinearKernelFormat format) {
   const int64_t rows = n * groups;
   const bool fp8 = format == LinearKernelFormat::kFp8;
+  // The groups as the multi-weight kernel's entries (one per group), without a heap allocation per launch.
+  std::array<int64_t, kFusedMaxWeights> group_buf{};
+  const bool fusable_groups = groups >= 1 && groups <= kFusedMaxWeights;
+  if (fusable_groups) group_buf.fill(n);
+  const std::span<const int64_t> group_rows(group_buf.data(), fusable_groups ? static_cast<size_t>(groups) : 0);
   if (fp8 && t <= 8) {
     const int64_t bytes = rows * k;
     // The multi-weight kernel's lean build (4 blocks of <= 64-register warps per SM, one group per entry) on large
     // weights with long rows at decode sizes: wo_a (8 groups of 1024 x 4096) 23.0 -> 19.9 us at T = 1 and 27.1 ->
     // 22.5 at T = 8, wo_b (4096 x 8192) 23.2 -> 19.6 / 26.3 -> 22.1 on the H200 (bench/RESULTS.md "Fourth
     // session"); at K = 1024 (wq_b) and below 16 MB the split-K / tiled kernels stay as fast or faster.
-    if (bytes >= (int64_t{16} << 20) && k >= 4096 && groups <= kFusedMaxWeights) {
-      const std::vector<int64_t> group_rows(static_cast<size_t>(groups), n);
+    if (bytes >= (int64_t{16} << 20) && k >= 4096 && fusable_groups) {
       if (std::optional<LinearPlan> lean = PlanFusedLinear(t, group_rows, k, sms, kFusedLeanBlocks)) return *lean;
     }
   }
-  if (t > 32 && k >= 4096 && groups <= kFusedMaxWeights && format != LinearKernelFormat::kF32) {
+  if (t > 32 && k >= 4096 && fusable_groups && format != LinearKernelFormat::kF32) {
     // 33-128 tokens, K >= 4096: the multi-weight kernel's 64-token warp tile where it fits (K = 4096): every weight
     // row is read and dequantised once per 64 tokens instead of once per 32 (PlanFusedLinear; bench/RESULTS.md
     // fifth session: wo_a TP 4 21.8 -> 19.5 us, shared w1 21.5 -> 19.1, BF16 compressor 14.0 -> 13.9 at T = 64 and
     // 22.0 -> 20.0 at T = 128; wo_b, K = 8192, only at T = 33 where its slice fits: 52.7 -> 50.9; slower at K <= 2048).
-    const std::vector<int64_t> group_rows(static_cast<size_t>(groups), n);
     std::optional<LinearPlan> wide = PlanFusedLinear(t, group_rows, k, sms, kFusedMinBlocks);
     if (wide && wide->n_tiles == 8) return *wide;
   }
