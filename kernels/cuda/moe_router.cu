@@ -3,8 +3,10 @@
 // s_e / (sum + 1e-20) * routed_scale; then the per-expert entry lists the grouped expert GEMMs read.
 //
 // Two launches for decode-sized steps: the logits (a GEMV spread over many blocks, which also writes x as bf16
-// for the experts), then one block that selects every token's experts and builds the lists (counts in shared
-// memory, one scan, a scatter), so nothing is read back to the host and one CUDA graph serves any routing.
+// for the experts; up to 4 tokens one expert per warp with x read through L1, above that x staged in shared
+// memory per block and 4 experts per warp - the same bits), then one block that selects every token's experts and
+// builds the lists (counts in shared memory, one scan, a scatter), so nothing is read back to the host and one
+// CUDA graph serves any routing.
 // Above kFusedSelectTokens tokens the selection is spread over blocks of 8 tokens and one block builds the
 // lists after it (three launches). All are launched with PDL (pdl.h).
 #include <cuda_bf16.h>
@@ -40,6 +42,21 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 // sqrt(softplus(l)) with torch's threshold 20 (the CPU reference's expression).
 __device__ __forceinline__ float Score(float l) { return sqrtf(l > 20.f ? l : log1pf(expf(l))); }
 
+// This block's share of the columns of tokens [t0, t0 + tn) of x, written as bf16 (the experts' activations): the
+// blocks of a token row split its columns evenly (multiples of 8).
+__device__ __forceinline__ void WriteXBf16(const MoeRouteParams& p, int64_t t0, int tn) {
+  const int64_t per = (p.d / 8 + gridDim.x - 1) / gridDim.x * 8;  // columns of this block, multiple of 8
+  const int64_t c0 = int64_t{blockIdx.x} * per;
+  const int64_t n8 = c0 < p.d ? (min(p.d, c0 + per) - c0) / 8 : 0;
+  for (int64_t i = threadIdx.x; i < tn * n8; i += blockDim.x) {
+    const int64_t t = t0 + i / n8, k = c0 + (i % n8) * 8;
+    const float4* xp = reinterpret_cast<const float4*>(p.x + t * p.d + k);
+    const float4 a = __ldg(xp), b = __ldg(xp + 1);
+    *reinterpret_cast<uint4*>(p.x_bf16 + t * p.d + k) =
+        make_uint4(PackBf16(a.x, a.y), PackBf16(a.z, a.w), PackBf16(b.x, b.y), PackBf16(b.z, b.w));
+  }
+}
+
 // logits[t, e] for the TB tokens of blockIdx.y and the 8 experts of blockIdx.x (one per warp). Lane l owns
 // columns 8l + 256i; each row's dot product is the lane sums in order, then a fixed butterfly, so the result
 // does not depend on T. A warp puts up to 4096 columns of its gate row in flight before it multiplies (the
@@ -47,23 +64,11 @@ __device__ __forceinline__ float Score(float l) { return sqrtf(l > 20.f ? l : lo
 // writes its share of the columns of its tokens' x as bf16 (the experts' activations).
 template <int TB>
 __global__ void __launch_bounds__(kLogitWarps * 32) RouterLogitsKernel(MoeRouteParams p) {
-  GridDepWait();    // x (when the kernel before wrote it)
-  GridDepLaunch();  // the selection block may become resident (it waits for this grid)
+  PdlEnter();  // x (when the kernel before wrote it); then the selection kernel may become resident
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t t0 = int64_t{blockIdx.y} * TB;
   const int tn = static_cast<int>(min(static_cast<int64_t>(TB), p.t - t0));
-  {
-    const int64_t per = (p.d / 8 + gridDim.x - 1) / gridDim.x * 8;  // columns of this block, multiple of 8
-    const int64_t c0 = int64_t{blockIdx.x} * per;
-    const int64_t n8 = c0 < p.d ? (min(p.d, c0 + per) - c0) / 8 : 0;
-    for (int64_t i = threadIdx.x; i < tn * n8; i += blockDim.x) {
-      const int64_t t = t0 + i / n8, k = c0 + (i % n8) * 8;
-      const float4* xp = reinterpret_cast<const float4*>(p.x + t * p.d + k);
-      const float4 a = __ldg(xp), b = __ldg(xp + 1);
-      *reinterpret_cast<uint4*>(p.x_bf16 + t * p.d + k) =
-          make_uint4(PackBf16(a.x, a.y), PackBf16(a.z, a.w), PackBf16(b.x, b.y), PackBf16(b.z, b.w));
-    }
-  }
+  WriteXBf16(p, t0, tn);
   const int e = blockIdx.x * kLogitWarps + warp;
   if (e >= p.experts) return;
   const uint16_t* __restrict__ wrow = p.gate + int64_t{e} * p.d;
@@ -101,6 +106,107 @@ __global__ void __launch_bounds__(kLogitWarps * 32) RouterLogitsKernel(MoeRouteP
     for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
     if (lane == 0 && t < tn) p.logits[(t0 + t) * p.experts + e] = v;
   }
+}
+
+// The same logits for more tokens (T > 4): the block's kSmemTokens token rows of x are staged in shared memory one
+// kSmemChunk-column chunk at a time and each warp computes kExpertsPerWarp experts, so x is read from L2 once per
+// block instead of once per warp and expert (the one-expert-per-warp kernel re-read each token's x through L1 for
+// every expert: 34 us a layer at T = 64 on the H200, ncu, bench/RESULTS.md fourth session). Lane l still owns
+// columns 8l + 256i and adds them in ascending order, then the same butterfly: the logits are bit for bit the
+// one-expert-per-warp kernel's (and independent of T).
+constexpr int kSmemTokens = 8;
+constexpr int kExpertsPerWarp = 4;
+constexpr int kSmemChunk = 1024;                                  // columns staged at a time (32 KB of f32 x)
+constexpr int kSmemLoads = kSmemChunk / 256;                      // gate loads per lane, expert and chunk
+constexpr int kSmemBlockExperts = kLogitWarps * kExpertsPerWarp;  // 32
+
+__global__ void __launch_bounds__(kLogitWarps * 32) RouterLogitsSmemKernel(MoeRouteParams p) {
+  __shared__ __align__(16) float xs[kSmemTokens][kSmemChunk];
+  PdlEnter();  // x (when the kernel before wrote it); then the selection kernel may become resident
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t t0 = int64_t{blockIdx.y} * kSmemTokens;
+  const int tn = static_cast<int>(min(static_cast<int64_t>(kSmemTokens), p.t - t0));
+  WriteXBf16(p, t0, tn);
+  const int e0 = blockIdx.x * kSmemBlockExperts + warp * kExpertsPerWarp;
+  const uint16_t* __restrict__ wrow[kExpertsPerWarp];
+  bool e_ok[kExpertsPerWarp];
+#pragma unroll
+  for (int u = 0; u < kExpertsPerWarp; ++u) {
+    e_ok[u] = e0 + u < p.experts;
+    wrow[u] = p.gate + int64_t{e_ok[u] ? e0 + u : 0} * p.d;
+  }
+  float acc[kSmemTokens][kExpertsPerWarp];
+#pragma unroll
+  for (int t = 0; t < kSmemTokens; ++t)
+#pragma unroll
+    for (int u = 0; u < kExpertsPerWarp; ++u) acc[t][u] = 0.f;
+
+  for (int64_t c0 = 0; c0 < p.d; c0 += kSmemChunk) {
+    // This chunk's gate columns first (the DRAM stream), so they fly while x is staged.
+    uint4 wv[kSmemLoads][kExpertsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kSmemLoads; ++i) {
+      const int64_t k = c0 + lane * 8 + 256 * i;
+#pragma unroll
+      for (int u = 0; u < kExpertsPerWarp; ++u) {
+        wv[i][u] = (k < p.d && e_ok[u]) ? __ldg(reinterpret_cast<const uint4*>(wrow[u] + k)) : make_uint4(0, 0, 0, 0);
+      }
+    }
+    __syncthreads();  // the previous chunk's x is no longer read
+    const int cols = static_cast<int>(min(static_cast<int64_t>(kSmemChunk), p.d - c0));  // a multiple of 8
+    {
+      // All of a thread's loads before its stores: one L2 round trip a chunk.
+      constexpr int kThreads = kLogitWarps * 32, kQuads = kSmemChunk / 4;
+      constexpr int kIters = kSmemTokens * kQuads / kThreads;
+      static_assert(kSmemTokens * kQuads % kThreads == 0, "whole passes");
+      float4 v[kIters];
+#pragma unroll
+      for (int r = 0; r < kIters; ++r) {
+        const int i = static_cast<int>(threadIdx.x) + r * kThreads;
+        const int t = i / kQuads, c = (i % kQuads) * 4;
+        v[r] = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (t < tn && c < cols) v[r] = __ldg(reinterpret_cast<const float4*>(p.x + (t0 + t) * p.d + c0 + c));
+      }
+#pragma unroll
+      for (int r = 0; r < kIters; ++r) {
+        const int i = static_cast<int>(threadIdx.x) + r * kThreads;
+        *reinterpret_cast<float4*>(&xs[i / kQuads][(i % kQuads) * 4]) = v[r];
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kSmemLoads; ++i) {
+      const int c = lane * 8 + 256 * i;
+      if (c >= cols) break;
+      float w[kExpertsPerWarp][8];
+#pragma unroll
+      for (int u = 0; u < kExpertsPerWarp; ++u) {
+        w[u][0] = Bf16Lo(wv[i][u].x), w[u][1] = Bf16Hi(wv[i][u].x), w[u][2] = Bf16Lo(wv[i][u].y);
+        w[u][3] = Bf16Hi(wv[i][u].y), w[u][4] = Bf16Lo(wv[i][u].z), w[u][5] = Bf16Hi(wv[i][u].z);
+        w[u][6] = Bf16Lo(wv[i][u].w), w[u][7] = Bf16Hi(wv[i][u].w);
+      }
+#pragma unroll
+      for (int t = 0; t < kSmemTokens; ++t) {
+        if (t >= tn) break;
+        const float4 a = *reinterpret_cast<const float4*>(&xs[t][c]);
+        const float4 b = *reinterpret_cast<const float4*>(&xs[t][c + 4]);
+        const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int u = 0; u < kExpertsPerWarp; ++u)
+#pragma unroll
+          for (int j = 0; j < 8; ++j) acc[t][u] = fmaf(w[u][j], x[j], acc[t][u]);
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < kSmemTokens; ++t)
+#pragma unroll
+    for (int u = 0; u < kExpertsPerWarp; ++u) {
+      float v = acc[t][u];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0 && t < tn && e_ok[u]) p.logits[(t0 + t) * p.experts + e0 + u] = v;
+    }
 }
 
 // Exclusive block-wide scan of one int per thread (kSelectThreads threads); returns the total too.
@@ -232,8 +338,7 @@ __device__ void BuildLists(const MoeRouteParams& p, int* count, int* warp_sums) 
 __global__ void __launch_bounds__(kSelectThreads) RouterSelectKernel(MoeRouteParams p) {
   __shared__ int count[kMaxExperts];
   __shared__ int warp_sums[33];
-  GridDepWait();    // the logits
-  GridDepLaunch();  // the up GEMM's blocks may become resident (they wait for this block)
+  PdlEnter();  // the logits; then the up GEMM's blocks may become resident (they wait for this block)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int64_t t = warp; t < p.t; t += kSelectThreads / 32) SelectToken(p, t, lane);
   __syncthreads();  // the block's entry writes are visible to the block
@@ -243,8 +348,7 @@ __global__ void __launch_bounds__(kSelectThreads) RouterSelectKernel(MoeRoutePar
 // Larger steps: the per-token selection spread over blocks of kTokenWarps tokens (it is issue-bound: ~2000
 // instructions a token), then one block for the lists.
 __global__ void __launch_bounds__(kTokenWarps * 32) RouterTokensKernel(MoeRouteParams p) {
-  GridDepWait();    // the logits
-  GridDepLaunch();
+  PdlEnter();  // the logits
   const int64_t t = int64_t{blockIdx.x} * kTokenWarps + (threadIdx.x >> 5);
   if (t < p.t) SelectToken(p, t, threadIdx.x & 31);
 }
@@ -252,8 +356,7 @@ __global__ void __launch_bounds__(kTokenWarps * 32) RouterTokensKernel(MoeRouteP
 __global__ void __launch_bounds__(kSelectThreads) RouterListsKernel(MoeRouteParams p) {
   __shared__ int count[kMaxExperts];
   __shared__ int warp_sums[33];
-  GridDepWait();    // the entries
-  GridDepLaunch();
+  PdlEnter();  // the entries
   BuildLists(p, count, warp_sums);
 }
 
@@ -285,10 +388,10 @@ absl::Status LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
     err = LaunchLogits<2>(p, stream);
   } else if (p.t <= 4) {
     err = LaunchLogits<4>(p, stream);
-  } else if (p.t <= 64) {
-    err = LaunchLogits<8>(p, stream);
   } else {
-    err = LaunchLogits<16>(p, stream);
+    const dim3 grid((p.experts + kSmemBlockExperts - 1) / kSmemBlockExperts,
+                    static_cast<unsigned>((p.t + kSmemTokens - 1) / kSmemTokens));
+    err = LaunchPdl(RouterLogitsSmemKernel, grid, dim3(kLogitWarps * 32), 0, stream, p);
   }
   DSV4_RETURN_IF_ERROR(CudaStatus(err, "MoE router logits launch"));
   if (p.t <= kFusedSelectTokens) {
