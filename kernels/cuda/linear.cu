@@ -466,17 +466,10 @@ cudaError_t LaunchMma(const LinearParams& p, cudaStream_t stream) {
   if constexpr (MW == 2 && NW == 4) {
     return cudaErrorInvalidValue;  // kSplitK has no 2 x 4 tile per warp (it would spill: the planner never asks)
   } else {
-    // kSplitK: the shared-memory limit is raised once per instantiation and device (to the most any plan takes).
-    static std::atomic<uint64_t> raised{0};
-    int device = 0;
-    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    const uint64_t bit = uint64_t{1} << (device & 63);
-    if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
-      const cudaError_t e = cudaFuncSetAttribute(LinearSplitKernel<F, MW, NW>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(kSplitMaxSharedBytes));
-      if (e != cudaSuccess) return e;
-      raised.fetch_or(bit, std::memory_order_relaxed);
+    // kSplitK: the shared-memory limit raised once (to the most any plan takes).
+    if (const cudaError_t e = RaiseSharedLimitOnce<LinearSplitKernel<F, MW, NW>>(kSplitMaxSharedBytes);
+        e != cudaSuccess) {
+      return e;
     }
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(pl.cluster), static_cast<unsigned>((p.t + 8 * NW - 1) / (8 * NW)),

@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "kernels/cuda/linear_params.h"
@@ -184,6 +185,23 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 
 
+// Raises kKernel's dynamic shared-memory limit to `bytes` once per kernel and device (the split-K, multi-weight and
+// weight-ring launchers; a launch above the default 48 KB needs it).
+template <auto kKernel>
+cudaError_t RaiseSharedLimitOnce(int64_t bytes) {
+  static std::atomic<uint64_t> raised{0};
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
+    const cudaError_t e =
+        cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+    if (e != cudaSuccess) return e;
+    raised.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return cudaSuccess;
+}
+
 // The end of a split-K kernel (linear.cu LinearSplitKernel, linear_ring.cu LinearRingKernel): stores this warp's
 // sums, or with K split (warps_k * cluster > 1) adds the partial sums in a fixed order. c0, c1 = (row g, tokens
 // 2q, 2q+1); c2, c3 = (row g+8, same tokens). `red`: the block's [warps][MW*NW*4][32] f32 area; block_row0 / row0:
@@ -199,21 +217,6 @@ __device__ __forceinline__ void SplitEpilogueTo(const LinearPlan& plan, float* y
   constexpr int kAcc = MW * NW * 4;
   const int warps_k = plan.warps_k, warps_m = plan.warps_m, cluster = plan.cluster;
   const int g = lane >> 2, q = lane & 3;
-  // c0, c1 = (row g, tokens 2q, 2q+1); c2, c3 = (row g+8, same tokens).
-  if (warps_k * cluster == 1) {
-#pragma unroll
-    for (int i = 0; i < MW; ++i)
-#pragma unroll
-      for (int jn = 0; jn < NW; ++jn)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int64_t r = row0 + 16 * i + g + 8 * (c / 2);
-          const int64_t t = tok0 + 8 * jn + 2 * q + (c % 2);
-          if (r < n && t < tokens) y[t * y_stride + r] = acc[i][jn][c];
-        }
-    return;
-  }
-
   // Split: the warps wk > 0 park their partial sums ([warp][v][lane], v = (i * NW + jn) * 4 + c) and warp (wm, 0)
   // adds them to its own in order wk = 1, 2, ... in registers (the same lane, the same v: no index arithmetic - the
   // former element-wise loop over the block's tile was a quarter of the split-K kernel's instructions at T = 32,
@@ -251,7 +254,7 @@ __device__ __forceinline__ void SplitEpilogueTo(const LinearPlan& plan, float* y
       }
     }
   }
-  if (cluster == 1) {
+  if (cluster == 1) {  // also K not split at all: warp (wm, 0) stores; c0, c1 = (row g, tokens 2q, 2q+1), c2, c3 = row g+8
     if (wk != 0) return;
 #pragma unroll
     for (int i = 0; i < MW; ++i)

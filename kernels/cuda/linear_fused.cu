@@ -274,17 +274,10 @@ __global__ void __launch_bounds__(32 * kSplitWarps, kMinBlocks)
 template <int NW, int kMinBlocks, bool kBits>
 cudaError_t LaunchFused(const FusedLinearParams& p, cudaStream_t stream) {
   const LinearPlan& pl = p.plan;
-  // The shared-memory limit is raised once per instantiation and device (to the most any plan takes).
-  static std::atomic<uint64_t> raised{0};
-  int device = 0;
-  if (const cudaError_t err = cudaGetDevice(&device); err != cudaSuccess) return err;
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
-    const cudaError_t err = cudaFuncSetAttribute(LinearFusedKernel<NW, kMinBlocks, kBits>,
-                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 static_cast<int>(kSplitMaxSharedBytes));
-    if (err != cudaSuccess) return err;
-    raised.fetch_or(bit, std::memory_order_relaxed);
+  // The shared-memory limit raised once (to the most any plan takes).
+  if (const cudaError_t err = RaiseSharedLimitOnce<LinearFusedKernel<NW, kMinBlocks, kBits>>(kSplitMaxSharedBytes);
+      err != cudaSuccess) {
+    return err;
   }
   const FusedLinearEntry& last = p.e[p.count - 1];
   const int64_t rows_per_block = int64_t{16} * pl.warps_m;

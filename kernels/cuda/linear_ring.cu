@@ -200,16 +200,9 @@ __global__ void __launch_bounds__(32 * kSplitWarps, kRingMinBlocks<NW>) LinearRi
 template <int NW, int kStages>
 cudaError_t LaunchRing(const LinearParams& p, cudaStream_t stream) {
   const LinearPlan& pl = p.plan;
-  static std::atomic<uint64_t> raised{0};
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if ((raised.load(std::memory_order_relaxed) & bit) == 0) {
-    const cudaError_t e = cudaFuncSetAttribute(LinearRingKernel<NW, kStages>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               static_cast<int>(internal::LinearMaxSharedBytes()));
-    if (e != cudaSuccess) return e;
-    raised.fetch_or(bit, std::memory_order_relaxed);
+  if (const cudaError_t e = RaiseSharedLimitOnce<LinearRingKernel<NW, kStages>>(internal::LinearMaxSharedBytes());
+      e != cudaSuccess) {
+    return e;
   }
   const int64_t rows_per_block = int64_t{16} * pl.warps_m;
   const int64_t row_blocks = (p.n + rows_per_block - 1) / rows_per_block;
