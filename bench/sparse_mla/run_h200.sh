@@ -11,7 +11,9 @@
 # read by the main kernel at H = 64 and 128, NCU_BATCH), bench_odd (batches 1..128 incl. non-powers of two,
 # this build and the baseline), smoke_ws (the warp-specialised kernel's tests alone, short timeout), sass_ws
 # (setmaxnreg / barrier / spill instructions of that kernel), bench_ws (the plan against the fourth pass's
-# two-warpgroup wgmma kernel, same binary), memcheck_ws / racecheck_ws. BUNDLE: the bundle folder.
+# two-warpgroup wgmma kernel, same binary), memcheck_ws / racecheck_ws, bench_cluster (sixth pass: the plan's
+# cluster merge against the combine kernel, same binary; CL_HEADS, CL_BATCHES), memcheck_cluster /
+# racecheck_cluster. BUNDLE: the bundle folder.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -75,6 +77,15 @@ for step in $STEPS; do
     sass_ws) cuobjdump -sass $B/bin/sparse_mla_bench | awk '/Function : .*WgmmaWs/ {on=1} /Function : / && !/WgmmaWs/ {on=0} on' \
           > "$OUT/sass_ws.txt"; echo "ws SASS lines: $(wc -l < "$OUT/sass_ws.txt"), STL $(grep -c STL "$OUT/sass_ws.txt"), LDL $(grep -c LDL "$OUT/sass_ws.txt")"
           grep -E "SETMAXREG|BAR\.|HGMMA|WARPGROUP" "$OUT/sass_ws.txt" | sed 's/^ *//' | cut -c1-90 | sort | uniq -c | sort -rn | head -20 ;;
+    bench_cluster) A="--kernels=mma --mma_peak=false --reps=${CL_REPS:-50}"  # plan (cluster merge) vs the combine kernel
+          for h in ${CL_HEADS:-64 16 128}; do for m in 0 -1; do
+            timeout 90 $B/bin/sparse_mla_bench $A --heads=$h --cluster_merge=$m --batches=${CL_BATCHES:-1,2,3,4,8,16,24,32,40,48,64} \
+              > "$OUT/cluster_h${h}_m$m.txt" 2>&1; echo "rc=$? H=$h cluster_merge=$m"; grep "^| [0-9]" "$OUT/cluster_h${h}_m$m.txt" | cut -c1-80
+          done; done ;;
+    memcheck_cluster) timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/bin/sparse_mla_test \
+          --gtest_filter='*_cluster*:*ClusterMerge*:*Graph*' > "$OUT/memcheck_cluster.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/memcheck_cluster.txt" ;;
+    racecheck_cluster) timeout 180 compute-sanitizer --tool racecheck --error-exitcode 9 $B/bin/sparse_mla_test \
+          --gtest_filter='*_cluster*:*ClusterMerge*' > "$OUT/racecheck_cluster.txt" 2>&1; echo "rc=$?"; tail -4 "$OUT/racecheck_cluster.txt" ;;
     bench_ws) R=${WS_REPS:-20}; A="--kernels=mma --mma_peak=false --reps=$R"
           timeout 60 $B/bin/sparse_mla_bench $A --batches=${WS_BATCHES:-1,3,16,32,48,64,96,128} > "$OUT/ws_plan.txt" 2>&1; echo "rc=$? plan"
           grep "^| [0-9]" "$OUT/ws_plan.txt" | cut -c1-90

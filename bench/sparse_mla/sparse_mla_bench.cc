@@ -7,7 +7,7 @@
 //
 //   sparse_mla_bench [--heads=64] [--batches=1,2,4,8,16,32,64,128] [--window=128] [--extra=512] [--reps=100]
 //                    [--kernels=mma,simt] [--tile_rows=0] [--splits=0] [--warps=0] [--m_tiles=0] [--pdl=0] [--wgmma=0]
-//                    [--wgmma_ws=0]
+//                    [--wgmma_ws=0] [--cluster_merge=0]
 //                    [--pool_mb=200] [--mma_peak=true]
 #include <cuda_runtime_api.h>
 
@@ -44,6 +44,8 @@ ABSL_FLAG(int, pdl, 0, "split combine with programmatic dependent launch: 1 on, 
 ABSL_FLAG(int, wgmma, 0, "sm_90a wgmma kernel for 64-head blocks: 1 on, -1 off (0 = plan's choice)");
 ABSL_FLAG(int, wgmma_ws, 0,
           "which wgmma kernel: 1 warp-specialised, -1 the two-warpgroup one (0 = plan's choice)");
+ABSL_FLAG(int, cluster_merge, 0,
+          "split merge in a thread-block cluster: 1 on, -1 off (the combine kernel) (0 = plan's choice)");
 ABSL_FLAG(bool, mma_peak, true, "measure the mma.sync bf16 rate first (compute floor columns)");
 ABSL_FLAG(int, pool_mb, 200, "KV pool size in MB (rows rotated through; keep well above the L2)");
 
@@ -199,7 +201,8 @@ double TimeKernel(SparseMlaKernel kernel, const std::vector<InputSet>& sets, con
                                .m_tiles = absl::GetFlag(FLAGS_m_tiles),
                                .pdl = absl::GetFlag(FLAGS_pdl),
                                .wgmma = absl::GetFlag(FLAGS_wgmma),
-                               .wgmma_ws = absl::GetFlag(FLAGS_wgmma_ws)};
+                               .wgmma_ws = absl::GetFlag(FLAGS_wgmma_ws),
+                               .cluster_merge = absl::GetFlag(FLAGS_cluster_merge)};
   auto plan = MakeSparseMlaPlan(kernel, B, H, K_w + K_e, options);
   if (!plan.ok()) {
     std::fprintf(stderr, "plan: %s\n", plan.status().ToString().c_str());
@@ -288,9 +291,9 @@ int Main() {
   const KvPoolView pool = MakePool(pool_rows, 64);
   std::printf("H=%d, K=%d (%d window + %d compressed), pool %.0f MB, reps %d\n\n", H, K, K_w, K_e,
               pool.size_bytes() * 1e-6, reps);
-  std::printf("| B | sets | warps | m-tiles | splits | pdl | wgmma | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | "
+  std::printf("| B | sets | warps | m-tiles | splits | merge | pdl | wgmma | MMA us | SIMT us | MMA/SIMT | MMA GB/s | MMA TFLOP/s | "
               "HBM floor us | HBM floor/MMA | mma floor us | mma floor/MMA | check |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const int B : batches) {
     const int n_sets = static_cast<int>(std::clamp<int64_t>(pool.num_rows() / (int64_t{B} * K), 1, 512));
     std::vector<InputSet> sets = MakeSets(n_sets, B, H, K_w, K_e, pool.num_rows());
@@ -311,8 +314,9 @@ int Main() {
     }
     const double floor = bytes / copy_bw;
     const double mma_floor = mma_peak > 0 ? flops / mma_peak : 0.0;
-    std::printf("| %d | %d | %d | %d | %d | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
-                B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits, mma_plan.pdl ? 1 : 0,
+    std::printf("| %d | %d | %d | %d | %d | %s | %d | %d | %.2f | %.2f | %.1fx | %.0f | %.1f | %.2f | %.0f%% | %.2f | %.0f%% | %.1e |\n",
+                B, n_sets, mma_plan.warps, mma_plan.m_tiles, mma_plan.num_splits,
+                mma_plan.num_splits < 2 ? "-" : mma_plan.cluster_merge ? "cluster" : "kernel", mma_plan.pdl ? 1 : 0,
                 mma_plan.wgmma_ws ? 2 : mma_plan.wgmma ? 1 : 0, t_mma * 1e6, t_simt * 1e6,
                 t_mma > 0 ? t_simt / t_mma : 0.0, t_mma > 0 ? bytes / t_mma * 1e-9 : 0.0,
                 t_mma > 0 ? flops / t_mma * 1e-12 : 0.0, floor * 1e6, t_mma > 0 ? 100.0 * floor / t_mma : 0.0,
@@ -322,7 +326,7 @@ int Main() {
   }
   std::printf("\nbytes = q + out (bf16) + selected rows (584 B + 4 B index each) + lse; HBM floor = bytes / copy "
               "bandwidth; mma floor = 4 B H K 512 FLOP / mma.sync ceiling; warps 16 = wide kernel (32-row tiles), "
-              "8 = 8-warp kernel; wgmma 1 = the two-warpgroup wgmma kernel, 2 = the warp-specialised one; check = |out_mma - out_simt| / |out_simt| on set 0\n");
+              "8 = 8-warp kernel; merge = how splits merge (cluster: in a thread-block cluster, kernel: the combine kernel); wgmma 1 = the two-warpgroup wgmma kernel, 2 = the warp-specialised one; check = |out_mma - out_simt| / |out_simt| on set 0\n");
   return 0;
 }
 

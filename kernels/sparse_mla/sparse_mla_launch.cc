@@ -32,11 +32,14 @@ constexpr bool kAutoWgmmaWs = true;
 // instead of 8. A cost model of waves x tiles per split that allowed more than one wave picked 5 splits at
 // B = 48 and 4 at B = 96 and was 18-35% slower there (H200, fifth pass): each extra block costs a pipeline
 // ramp and its partials, worth ~3 tiles.
-int ChooseSplits(int64_t blocks, int tiles, int sms) {
-  const int wave = static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, tiles));
+int ChooseSplits(int64_t blocks, int tiles, int sms, int max_splits = 1 << 30) {
+  const int wave = static_cast<int>(std::clamp<int64_t>(sms / blocks, 1, std::min(tiles, max_splits)));
   const int per_split = (tiles + wave - 1) / wave;
   return (tiles + per_split - 1) / per_split;
 }
+
+// Whether the automatic plan merges splits inside a cluster where it can (else the combine kernel).
+constexpr bool kAutoClusterMerge = true;
 
 }  // namespace
 
@@ -138,9 +141,60 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
   // 1-2 us slower at B = 16 / 32 where blocks hold 3-5 tiles and its start-up dominates).
   const bool shape_pinned = options.warps != 0 || options.m_tiles != 0 || options.tile_rows != 0;
   const bool long_blocks = (tiles + plan.num_splits - 1) / plan.num_splits >= kWgmmaMinTiles;
-  plan.wgmma = options.wgmma == 1 || (options.wgmma == 0 && !shape_pinned && wgmma_available && long_blocks &&
-                                      plan.warps == 8 && plan.m_tiles == 4 && plan.tile_rows == 32);
+  plan.wgmma = options.wgmma == 1 || (options.wgmma == 0 && options.cluster_merge != 1 && !shape_pinned &&
+                                      wgmma_available && long_blocks && plan.warps == 8 && plan.m_tiles == 4 &&
+                                      plan.tile_rows == 32);
   plan.wgmma_ws = plan.wgmma && (options.wgmma_ws == 1 || (options.wgmma_ws == 0 && kAutoWgmmaWs));
+  // Cluster merge (mma.sync kernels, sm_90+): splits as above but at most kMaxClusterSplits, then fewer
+  // (one more tile per split each time) until every (sequence, head group) cluster of the batch runs at once.
+  if (options.cluster_merge < -1 || options.cluster_merge > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster_merge is ", options.cluster_merge, "; use 1 (on), -1 (off) or 0"));
+  }
+  if (options.cluster_merge == 1 || (options.cluster_merge == 0 && kAutoClusterMerge)) {
+    // Capacity queries only where a cluster can run (sm_90+, not the wgmma kernels), once per split count.
+    const bool supported = cc_major >= 9 && !plan.wgmma;
+    int queried = 0, queried_capacity = 0;
+    auto capacity = [&](int splits) {
+      if (!supported) return 0;
+      if (splits != queried) {
+        queried = splits;
+        queried_capacity = plan.warps == 16 ? internal::MmaWideClusterCapacity(plan.m_tiles, splits)
+                                            : internal::MmaClusterCapacity(plan.m_tiles, plan.tile_rows, splits);
+      }
+      return queried_capacity;
+    };
+    int splits = options.num_splits > 0 ? options.num_splits
+                                        : ChooseSplits(blocks, tiles, sms, internal::kMaxClusterSplits);
+    if (supported && options.num_splits == 0) {
+      for (int per_split = (tiles + splits - 1) / splits; splits > 1 && capacity(splits) < blocks;) {
+        ++per_split;  // one more tile per split until the split count drops
+        splits = std::min(splits, (tiles + per_split - 1) / per_split);
+      }
+    }
+    const bool can = supported && splits > 1 && capacity(splits) >= blocks;
+    // Automatic: where the combine plan's blocks hold a single tile and the cluster's at most two (H200, sixth
+    // pass: B = 1 at H = 64, B = 1-4 at H = 16, 4-6% faster). Where the GPU's cluster capacity forces more tiles
+    // per block than that the combine kernel stays (each extra tile cost 1-3.5 us, more than the merge saves).
+    // Equal split counts with more than one tile per block (H = 16 / 32 at B = 44-66: 2 splits) should gain too
+    // but were not measured, so they keep the combine kernel until they are. A forced split count takes the
+    // cluster wherever it fits.
+    auto per_split = [&](int s) { return (tiles + s - 1) / s; };
+    const bool pays = options.cluster_merge == 1 || options.num_splits > 0 ||
+                      (per_split(plan.num_splits) == 1 && per_split(splits) <= 2);
+    if (options.cluster_merge == 1 && !can) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cluster_merge = 1: this configuration (", plan.wgmma ? "wgmma kernel" : "mma.sync kernel", ", ",
+          splits, " splits, ", blocks, " clusters) cannot merge in a cluster (needs sm_90+, the mma.sync kernels, ",
+          "2..", internal::kMaxClusterSplits, " splits, room for the merge in shared memory and every cluster ",
+          "resident at once)"));
+    }
+    if (can && pays) {
+      plan.cluster_merge = true;
+      plan.num_splits = splits;
+    }
+  }
+
   plan.smem_bytes = plan.warps == 16  ? internal::MmaWideSmemBytes(plan.m_tiles)
                     : plan.wgmma_ws   ? internal::MmaWgmmaWsSmemBytes()
                     : plan.wgmma      ? internal::MmaWgmmaSmemBytes()
@@ -150,11 +204,11 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
                                                       " bytes of shared memory per block; this GPU allows ",
                                                       smem_optin));
   }
-  plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits);
+  plan.workspace_bytes = internal::MmaWorkspaceBytes(max_batch, num_heads, plan.num_splits, plan.cluster_merge);
   if (options.pdl < -1 || options.pdl > 1) {
     return absl::InvalidArgumentError(absl::StrCat("pdl is ", options.pdl, "; use 1 (on), -1 (off) or 0"));
   }
-  plan.pdl = cc_major >= 9 && (options.pdl == 1 || (options.pdl == 0 && kAutoPdl));
+  plan.pdl = cc_major >= 9 && !plan.cluster_merge && (options.pdl == 1 || (options.pdl == 0 && kAutoPdl));
   DSV4_RETURN_IF_ERROR(CudaStatus(plan.warps == 16 ? internal::PrepareMmaWideKernel(plan.m_tiles)
                                   : plan.wgmma_ws  ? internal::PrepareMmaWgmmaWsKernel()
                                   : plan.wgmma     ? internal::PrepareMmaWgmmaKernel()
@@ -184,14 +238,16 @@ absl::Status LaunchSparseMlaDecode(const SparseMlaParams& params, const SparseMl
   if (plan.kernel == SparseMlaKernel::kSimt) {
     return CudaStatus(internal::LaunchSimtDecode(params, stream), "SIMT sparse-MLA launch");
   }
-  const size_t need = internal::MmaWorkspaceBytes(params.batch, params.num_heads, plan.num_splits);
+  const size_t need =
+      internal::MmaWorkspaceBytes(params.batch, params.num_heads, plan.num_splits, plan.cluster_merge);
   if (need > 0 && (params.workspace == nullptr || params.workspace_bytes < need || !Aligned(params.workspace, 16))) {
     return absl::InvalidArgumentError(absl::StrCat("workspace has ", params.workspace_bytes,
                                                    " bytes (or is null or misaligned); this launch needs ",
                                                    need, " bytes, 16-byte aligned"));
   }
   return CudaStatus(internal::LaunchMmaDecode(params, plan.warps == 16, plan.wgmma, plan.wgmma_ws, plan.m_tiles,
-                                              plan.tile_rows, plan.num_splits, plan.pdl, stream),
+                                              plan.tile_rows, plan.num_splits, plan.cluster_merge, plan.pdl,
+                                              stream),
                     "MMA sparse-MLA launch");
 }
 

@@ -19,13 +19,18 @@
 #include <cmath>
 #include <type_traits>
 
+#include "kernels/sparse_mla/sparse_mla_cluster_merge.cuh"
 #include "kernels/sparse_mla/sparse_mla_device.cuh"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
+#include "kernels/sparse_mla/sparse_mla_split_launch.h"
 
 namespace dsv4::kernels::sparse_mla {
 namespace {
 
 using namespace device;  // NOLINT(build/namespaces): kernel-local helpers
+using internal::LaunchSplitKernel;
+using internal::PrepareSplitKernel;
+using internal::SplitClusterCapacity;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -63,6 +68,9 @@ struct MmaConfig {
   static constexpr int kOffStatL = kOffStatM + kHeads * 4;
   static constexpr int kOffStatLq = kOffStatL + kHeads * 4;
   static constexpr int kSmemBytes = kOffStatLq + kHeads * 4;
+  // The cluster merge's scratch (from offset 0) stays below the statistics the peers read (not at 64 heads
+  // with 16-row tiles: sm_120's configuration keeps the combine kernel).
+  static constexpr bool kClusterMergeFits = ClusterMergeScratchBytes(kHeads) <= kOffStatM;
 
   static_assert(kTileRows % 16 == 0 && kThreads % kTileRows == 0, "tile rows");
   static_assert(kRowsPerThread >= 1 && kThreadsPerHead <= 32, "softmax mapping");
@@ -348,6 +356,13 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaKernel(const SparseMl
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
+  if constexpr (C::kClusterMergeFits) {
+    if (num_splits > 1 && ClusterBlocks() == num_splits) {  // the splits are one cluster: merge in place
+      ClusterMergeOutput<kMTiles, 64, C::kHeads, kThreads>(p, o, stat_m, stat_l, stat_lq, b, head0, tid,
+                                                           /*mtile_head0=*/0, /*dim0=*/warp * 64, smem);
+      return;
+    }
+  }
   StoreBlockOutput<kMTiles, 64, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
                                            /*mtile_head0=*/0, /*dim0=*/warp * 64);
 }
@@ -434,18 +449,18 @@ __global__ void __launch_bounds__(128) SparseMlaCombineKernel(const SparseMlaPar
 }
 
 template <int kMTiles, int kTileRows>
-cudaError_t LaunchMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
+cudaError_t LaunchMain(const SparseMlaParams& p, int num_splits, bool cluster_merge, cudaStream_t stream) {
   using C = MmaConfig<kMTiles, kTileRows>;
+  if (cluster_merge && !C::kClusterMergeFits) return cudaErrorInvalidValue;  // it would write split partials
   const dim3 grid(p.num_heads / C::kHeads, num_splits, p.batch);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  SparseMlaMmaKernel<kMTiles, kTileRows><<<grid, kThreads, C::kSmemBytes, stream>>>(p, scale_log2);
-  return cudaGetLastError();
+  return LaunchSplitKernel(SparseMlaMmaKernel<kMTiles, kTileRows>, grid, kThreads, C::kSmemBytes,
+                           cluster_merge ? num_splits : 1, stream, p, scale_log2);
 }
 
 template <int kMTiles, int kTileRows>
 cudaError_t Prepare() {
-  return cudaFuncSetAttribute(SparseMlaMmaKernel<kMTiles, kTileRows>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              MmaConfig<kMTiles, kTileRows>::kSmemBytes);
+  return PrepareSplitKernel(SparseMlaMmaKernel<kMTiles, kTileRows>, MmaConfig<kMTiles, kTileRows>::kSmemBytes);
 }
 
 template <int kValue>
@@ -480,24 +495,38 @@ cudaError_t PrepareMmaKernel(int m_tiles, int tile_rows) {
   return Dispatch(m_tiles, tile_rows, [](auto m, auto n) { return Prepare<m.value, n.value>(); });
 }
 
-size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits) {
-  if (num_splits <= 1) return 0;
+int MmaClusterCapacity(int m_tiles, int tile_rows, int num_splits) {
+  return Dispatch(m_tiles, tile_rows, [&](auto m, auto n) {
+    using C = MmaConfig<m.value, n.value>;
+    if constexpr (C::kClusterMergeFits) {
+      return SplitClusterCapacity(SparseMlaMmaKernel<m.value, n.value>, kThreads, C::kSmemBytes, num_splits);
+    } else {
+      return 0;
+    }
+  });
+}
+
+size_t MmaWorkspaceBytes(int batch, int num_heads, int num_splits, bool cluster_merge) {
+  if (num_splits <= 1 || cluster_merge) return 0;
   return static_cast<size_t>(batch) * num_heads * num_splits * (kKvDim + 2) * sizeof(float);
 }
 
 cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, bool wgmma_ws, int m_tiles,
-                            int tile_rows, int num_splits, bool pdl, cudaStream_t stream) {
+                            int tile_rows, int num_splits, bool cluster_merge, bool pdl, cudaStream_t stream) {
   cudaError_t err = cudaSuccess;
+  cluster_merge = cluster_merge && num_splits > 1;
   if (wide) {
-    err = LaunchMmaWideMain(p, m_tiles, num_splits, stream);
+    err = LaunchMmaWideMain(p, m_tiles, num_splits, cluster_merge, stream);
   } else if (wgmma) {
+    if (cluster_merge) return cudaErrorInvalidValue;  // the wgmma kernels merge through the combine kernel
     err = wgmma_ws ? LaunchMmaWgmmaWsMain(p, num_splits, stream) : LaunchMmaWgmmaMain(p, num_splits, stream);
   } else {
     if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
-    err = Dispatch(m_tiles, tile_rows,
-                   [&](auto m, auto n) { return LaunchMain<m.value, n.value>(p, num_splits, stream); });
+    err = Dispatch(m_tiles, tile_rows, [&](auto m, auto n) {
+      return LaunchMain<m.value, n.value>(p, num_splits, cluster_merge, stream);
+    });
   }
-  if (err != cudaSuccess || num_splits == 1) return err;
+  if (err != cudaSuccess || num_splits == 1 || cluster_merge) return err;
   const int64_t rows = static_cast<int64_t>(p.batch) * p.num_heads;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(rows));

@@ -20,13 +20,18 @@
 
 #include <cmath>
 
+#include "kernels/sparse_mla/sparse_mla_cluster_merge.cuh"
 #include "kernels/sparse_mla/sparse_mla_device.cuh"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
+#include "kernels/sparse_mla/sparse_mla_split_launch.h"
 
 namespace dsv4::kernels::sparse_mla {
 namespace {
 
 using namespace device;  // NOLINT(build/namespaces): kernel-local helpers
+using internal::LaunchSplitKernel;
+using internal::PrepareSplitKernel;
+using internal::SplitClusterCapacity;
 
 constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
@@ -75,6 +80,9 @@ struct WideConfig {
   static constexpr int kSmemBytes = kOffAddr + kAddrSlots * kRows * 16;
   // Q is staged (bf16, kKbStride rows) in bf16 buffers 1 and 2 before tile 1 is dequantised.
   static constexpr int kOffQ = kOffKb + kKbBytes;
+  // The cluster merge's scratch (from offset 0) stays below the statistics the peers read.
+  static constexpr bool kClusterMergeFits = ClusterMergeScratchBytes(kHeads) <= kOffStatM;
+  static_assert(kClusterMergeFits, "the wide kernel always has room for the cluster merge");
 
   static_assert(kMTiles == 1 || kMTiles == 2 || kMTiles == 4, "m-tiles");
   static_assert(kRowsPerThread >= 1 && kThreadsPerHead <= 32, "softmax mapping");
@@ -370,23 +378,32 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaMmaWideKernel(const Spar
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  StoreBlockOutput<kMTiles, kPvDims, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
-                                                /*mtile_head0=*/0, /*dim0=*/warp * kPvDims);
+  if (num_splits > 1 && ClusterBlocks() == num_splits) {  // the splits are one cluster: merge in place
+    ClusterMergeOutput<kMTiles, kPvDims, C::kHeads, kThreads>(p, o, stat_m, stat_l, stat_lq, b, head0, tid,
+                                                              /*mtile_head0=*/0, /*dim0=*/warp * kPvDims, smem);
+  } else {
+    StoreBlockOutput<kMTiles, kPvDims, C::kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
+                                                  /*mtile_head0=*/0, /*dim0=*/warp * kPvDims);
+  }
 }
 
 template <int kMTiles>
-cudaError_t LaunchWide(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
+cudaError_t LaunchWide(const SparseMlaParams& p, int num_splits, bool cluster_merge, cudaStream_t stream) {
   using C = WideConfig<kMTiles>;
   const dim3 grid(p.num_heads / C::kHeads, num_splits, p.batch);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  SparseMlaMmaWideKernel<kMTiles><<<grid, kThreads, C::kSmemBytes, stream>>>(p, scale_log2);
-  return cudaGetLastError();
+  return LaunchSplitKernel(SparseMlaMmaWideKernel<kMTiles>, grid, kThreads, C::kSmemBytes,
+                           cluster_merge ? num_splits : 1, stream, p, scale_log2);
 }
 
 template <int kMTiles>
 cudaError_t PrepareWide() {
-  return cudaFuncSetAttribute(SparseMlaMmaWideKernel<kMTiles>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              WideConfig<kMTiles>::kSmemBytes);
+  return PrepareSplitKernel(SparseMlaMmaWideKernel<kMTiles>, WideConfig<kMTiles>::kSmemBytes);
+}
+
+template <int kMTiles>
+int WideClusterCapacity(int num_splits) {
+  return SplitClusterCapacity(SparseMlaMmaWideKernel<kMTiles>, kThreads, WideConfig<kMTiles>::kSmemBytes, num_splits);
 }
 
 }  // namespace
@@ -411,12 +428,22 @@ cudaError_t PrepareMmaWideKernel(int m_tiles) {
   }
 }
 
-cudaError_t LaunchMmaWideMain(const SparseMlaParams& p, int m_tiles, int num_splits, cudaStream_t stream) {
+cudaError_t LaunchMmaWideMain(const SparseMlaParams& p, int m_tiles, int num_splits, bool cluster_merge,
+                              cudaStream_t stream) {
   switch (m_tiles) {
-    case 4: return LaunchWide<4>(p, num_splits, stream);
-    case 2: return LaunchWide<2>(p, num_splits, stream);
-    case 1: return LaunchWide<1>(p, num_splits, stream);
+    case 4: return LaunchWide<4>(p, num_splits, cluster_merge, stream);
+    case 2: return LaunchWide<2>(p, num_splits, cluster_merge, stream);
+    case 1: return LaunchWide<1>(p, num_splits, cluster_merge, stream);
     default: return cudaErrorInvalidValue;
+  }
+}
+
+int MmaWideClusterCapacity(int m_tiles, int num_splits) {
+  switch (m_tiles) {
+    case 4: return WideClusterCapacity<4>(num_splits);
+    case 2: return WideClusterCapacity<2>(num_splits);
+    case 1: return WideClusterCapacity<1>(num_splits);
+    default: return 0;
   }
 }
 

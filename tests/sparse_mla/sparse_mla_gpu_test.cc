@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -148,10 +149,28 @@ bool WgmmaRuns() {
          minor == 0;
 }
 
+// Whether a forced cluster merge (cluster_merge = 1) cannot run this case on this GPU. The cases are sized for
+// sm_90 (H200: 132 SMs, 227 KB of shared memory), where a refusal is a failure; elsewhere (sm_120: less shared
+// memory, other cluster limits; no clusters before sm_90) the plan's FailedPrecondition is a skip.
+bool ClusterMergeUnavailable(const ProblemSpec& s, const SparseMlaPlanOptions& options) {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    return true;
+  }
+  if (major == 9 && minor == 0) return false;
+  auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, s.batch, s.heads, s.topk_window + s.topk_extra, options);
+  return !plan.ok() && plan.status().code() == absl::StatusCode::kFailedPrecondition;
+}
+
 TEST_P(GpuSparseMla, MatchesReference) {
   DSV4_SKIP_WITHOUT_GPU();
   if ((GetParam().options.wgmma == 1 || GetParam().options.wgmma_ws == 1) && !WgmmaRuns()) {
     GTEST_SKIP() << "the wgmma kernel needs an sm_90a build (90a in CMAKE_CUDA_ARCHITECTURES) on an sm_90 GPU";
+  }
+  if (GetParam().options.cluster_merge == 1 && ClusterMergeUnavailable(GetParam().spec, GetParam().options)) {
+    GTEST_SKIP() << "this GPU cannot run the cluster merge for this case (sized for sm_90)";
   }
   const ProblemSpec& s = GetParam().spec;
   const HostProblem host = MakeProblem(s);
@@ -167,11 +186,11 @@ TEST_P(GpuSparseMla, MatchesReference) {
     ASSERT_TRUE(run.ok()) << run.status();
     const ErrorReport vs_bf16 = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/true);
     const ErrorReport vs_exact = Compare(run->out, run->lse, *ref, s.batch, s.heads, /*round_ref=*/false);
-    std::printf("[%s] %s warps=%d wgmma=%d tile_rows=%d splits=%d\n  vs bf16-rounded reference: %s\n"
+    std::printf("[%s] %s warps=%d wgmma=%d tile_rows=%d splits=%d%s\n  vs bf16-rounded reference: %s\n"
                 "  vs exact reference:       %s\n",
                 mma ? "mma " : "simt", s.Name().c_str(), run->plan.warps,
                 run->plan.wgmma_ws ? 2 : run->plan.wgmma ? 1 : 0, run->plan.tile_rows,
-                run->plan.num_splits,
+                run->plan.num_splits, run->plan.cluster_merge ? " (cluster merge)" : "",
                 vs_bf16.ToString().c_str(), vs_exact.ToString().c_str());
     const double tol = mma ? 1e-2 : 1e-4;
     EXPECT_EQ(vs_bf16.nan_count, 0);
@@ -249,10 +268,10 @@ INSTANTIATE_TEST_SUITE_P(
         // The split combine with programmatic dependent launch, after each main kernel.
         Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 6,
               .seed = 131},
-             {.pdl = 1}),
+             {.pdl = 1, .cluster_merge = -1}),
         Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 448, .lengths = true, .extreme = true,
               .seed = 132},
-             {.pdl = 1}),
+             {.pdl = 1, .cluster_merge = -1}),
         // Fourth pass: batches that are not powers of two, top-k 200 (128 + 72) and 1000 (128 + 872), pages of
         // 64 and 256 rows, batches whose rows are all invalid (every sequence empty).
         Case({.batch = 48, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 140}),
@@ -321,7 +340,31 @@ INSTANTIATE_TEST_SUITE_P(
              {.num_splits = 1, .wgmma = 1, .wgmma_ws = 1}),
         Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 872, .page_rows_window = 64,
               .page_rows_extra = 256, .lengths = true, .holes = 0.1, .seed = 169},
-             {.num_splits = 1, .wgmma = 1, .wgmma_ws = 1})),
+             {.num_splits = 1, .wgmma = 1, .wgmma_ws = 1}),
+        // Sixth pass: the splits merged inside a thread-block cluster (the plan's choice on sm_90 for the
+        // mma.sync kernels; the cases above with splits run it where they fit) and the combine kernel kept
+        // where the plan would merge in a cluster. Cluster sizes 2 to 16, the wide and the 8-warp kernel, empty
+        // and all-invalid sequences, no sink, H = 128 (two head groups, two clusters per sequence).
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .extreme = true,
+              .seed = 170},
+             {.cluster_merge = 1}),
+        Case({.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 171},
+             {.cluster_merge = -1}),
+        Case({.batch = 2, .heads = 16, .topk_window = 128, .topk_extra = 384, .lengths = true, .holes = 0.1,
+              .seed = 172},
+             {.num_splits = 16, .cluster_merge = 1}),
+        Case({.batch = 16, .heads = 64, .topk_window = 64, .topk_extra = 448, .page_rows_window = 256,
+              .page_rows_extra = 2, .holes = 0.1, .empty_every = 5, .extreme = true, .sink = false, .seed = 173},
+             {.cluster_merge = 1}),
+        Case({.batch = 32, .heads = 64, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 174},
+             {.cluster_merge = -1}),
+        Case({.batch = 5, .heads = 128, .topk_window = 128, .topk_extra = 872, .page_rows_extra = 256,
+              .lengths = true, .holes = 0.1, .empty_every = 3, .seed = 175},
+             {.num_splits = 2, .warps = 8, .cluster_merge = 1}),
+        Case({.batch = 6, .heads = 32, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 176},
+             {.num_splits = 5, .cluster_merge = 1}),
+        Case({.batch = 3, .heads = 64, .topk_window = 20, .topk_extra = 12, .lengths = true, .seed = 177},
+             {.num_splits = 7, .warps = 8, .m_tiles = 4, .cluster_merge = 1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
@@ -331,6 +374,7 @@ INSTANTIATE_TEST_SUITE_P(
       if (info.param.options.pdl) name += "_pdl" + std::to_string(info.param.options.pdl);
       if (info.param.options.wgmma) name += info.param.options.wgmma == 1 ? "_wgmma" : "_mmasync";
       if (info.param.options.wgmma_ws) name += info.param.options.wgmma_ws == 1 ? "_ws" : "_twowg";
+      if (info.param.options.cluster_merge) name += info.param.options.cluster_merge == 1 ? "_cluster" : "_combine";
       return name;
     });
 
@@ -341,14 +385,20 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
   DeviceProblem dev(host);
   ASSERT_TRUE(dev.ok());
   // The wide kernel's combine without and with programmatic dependent launch, and the 8-warp kernel's.
-  for (const SparseMlaPlanOptions options : {SparseMlaPlanOptions{.pdl = -1}, SparseMlaPlanOptions{.pdl = 1},
-                                             SparseMlaPlanOptions{.warps = 8}, SparseMlaPlanOptions{.wgmma = 1},
-                                             SparseMlaPlanOptions{.wgmma = 1, .wgmma_ws = -1}}) {
+  // And the cluster merge with both mma.sync kernels (wide: 16-head blocks, 8-warp: 64-head blocks).
+  for (const SparseMlaPlanOptions options :
+       {SparseMlaPlanOptions{.pdl = -1, .cluster_merge = -1}, SparseMlaPlanOptions{.pdl = 1, .cluster_merge = -1},
+        SparseMlaPlanOptions{.warps = 8, .cluster_merge = -1}, SparseMlaPlanOptions{.wgmma = 1},
+        SparseMlaPlanOptions{.wgmma = 1, .wgmma_ws = -1}, SparseMlaPlanOptions{.cluster_merge = 1},
+        SparseMlaPlanOptions{.warps = 8, .cluster_merge = 1}}) {
     SCOPED_TRACE(::testing::Message() << "pdl " << options.pdl << ", warps " << options.warps << ", wgmma "
-                                      << options.wgmma << ", wgmma_ws " << options.wgmma_ws);
+                                      << options.wgmma << ", wgmma_ws " << options.wgmma_ws << ", cluster_merge "
+                                      << options.cluster_merge);
     if (options.wgmma == 1 && !WgmmaRuns()) continue;
+    if (options.cluster_merge == 1 && ClusterMergeUnavailable(s, options)) continue;
     auto direct = RunKernel(dev, s, SparseMlaKernel::kMma, options);
     ASSERT_TRUE(direct.ok()) << direct.status();
+    EXPECT_EQ(direct->plan.cluster_merge, options.cluster_merge == 1);
     ASSERT_GT(direct->plan.num_splits, 1) << "the graph should hold the split and combine kernels";
     cudaStream_t stream;
     ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -379,8 +429,10 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
   const HostProblem host = MakeProblem(s);
   DeviceProblem dev(host);
   ASSERT_TRUE(dev.ok());
-  auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.num_splits = 2});
+  // The combine kernel's plan (the workspace check needs one; the cluster merge takes no workspace).
+  auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.num_splits = 2, .cluster_merge = -1});
   ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_GT(plan->workspace_bytes, 0u);
   ASSERT_TRUE(dev.EnsureWorkspace(plan->workspace_bytes));
   ASSERT_TRUE(LaunchSparseMlaDecode(dev.Params(), *plan, nullptr).ok());
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -422,6 +474,104 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_NE(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 16, 32, {.wgmma = 1}).status().code(),
             absl::StatusCode::kOk);  // 16 heads: no 64-head block
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.cluster_merge = 2}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // More splits than a cluster holds, and the wgmma kernels (they merge through the combine kernel).
+  EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 1, 64, 640, {.num_splits = 17, .cluster_merge = 1})
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  if (WgmmaRuns()) {
+    EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 640, {.num_splits = 2, .wgmma = 1,
+                                                                    .cluster_merge = 1})
+                  .status()
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
+// The two split merges give the same bits: the cluster merge uses the combine kernel's weights and order.
+TEST(GpuSparseMlaClusterMerge, SameBitsAsTheCombineKernel) {
+  DSV4_SKIP_WITHOUT_GPU();
+  struct MergeCase {
+    ProblemSpec spec;
+    SparseMlaPlanOptions options;
+  };
+  const MergeCase cases[] = {
+      {{.batch = 1, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 180},
+       {.num_splits = 10, .m_tiles = 1}},
+      {{.batch = 2, .heads = 16, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 181},
+       {.num_splits = 16, .warps = 16}},
+      {{.batch = 8, .heads = 64, .topk_window = 64, .topk_extra = 448, .holes = 0.1, .empty_every = 5,
+        .extreme = true, .seed = 182},
+       {.num_splits = 7, .warps = 8}},
+      {{.batch = 4, .heads = 128, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 183},
+       {.num_splits = 3, .warps = 8, .m_tiles = 4}},
+  };
+  for (const MergeCase& c : cases) {
+    SCOPED_TRACE(c.spec.Name());
+    const HostProblem host = MakeProblem(c.spec);
+    DeviceProblem dev(host);
+    ASSERT_TRUE(dev.ok());
+    SparseMlaPlanOptions with_cluster = c.options, with_kernel = c.options;
+    with_cluster.cluster_merge = 1;
+    with_kernel.cluster_merge = -1;
+    if (ClusterMergeUnavailable(c.spec, with_cluster)) continue;
+    auto a = RunKernel(dev, c.spec, SparseMlaKernel::kMma, with_cluster);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto k = RunKernel(dev, c.spec, SparseMlaKernel::kMma, with_kernel);
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_TRUE(a->plan.cluster_merge);
+    ASSERT_FALSE(k->plan.cluster_merge);
+    ASSERT_EQ(a->plan.num_splits, k->plan.num_splits);
+    EXPECT_EQ(a->plan.workspace_bytes, 0u);
+    size_t differ = 0;
+    for (size_t i = 0; i < a->out.size(); ++i) differ += a->out[i] != k->out[i];
+    EXPECT_EQ(differ, 0u) << "of " << a->out.size() << " outputs";
+    EXPECT_EQ(std::memcmp(a->lse.data(), k->lse.data(), a->lse.size() * 4), 0);
+  }
+}
+
+// The automatic plan's cluster merge (sm_90+): at most kMaxClusterSplits splits, every cluster of the batch
+// resident at once, taken only where the combine plan's blocks hold one tile and the cluster's at most two, and
+// no batch's critical path (tiles per split: one wave) longer than a larger batch's.
+TEST(GpuSparseMlaPlan, ClusterMergeFitsOneWave) {
+  DSV4_SKIP_WITHOUT_GPU();
+  int device = 0, major = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device), cudaSuccess);
+  if (major < 9) GTEST_SKIP() << "thread-block clusters need sm_90+";
+  int clustered = 0;
+  for (const int heads : {16, 64, 128}) {
+    int prev_per_split = 1 << 30;
+    for (int batch = 1; batch <= 128; ++batch) {
+      SCOPED_TRACE(::testing::Message() << "H " << heads << " B " << batch);
+      auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, batch, heads, 640);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      if (!plan->cluster_merge) continue;
+      ++clustered;
+      EXPECT_FALSE(plan->wgmma);
+      EXPECT_GE(plan->num_splits, 2);
+      EXPECT_LE(plan->num_splits, internal::kMaxClusterSplits);
+      EXPECT_EQ(plan->workspace_bytes, 0u);
+      const int64_t clusters = int64_t{batch} * plan->head_groups;
+      const int capacity = plan->warps == 16
+                               ? internal::MmaWideClusterCapacity(plan->m_tiles, plan->num_splits)
+                               : internal::MmaClusterCapacity(plan->m_tiles, plan->tile_rows, plan->num_splits);
+      EXPECT_GE(capacity, clusters);
+      const int tiles = (640 + plan->tile_rows - 1) / plan->tile_rows;
+      const int per_split = (tiles + plan->num_splits - 1) / plan->num_splits;
+      auto combine = MakeSparseMlaPlan(SparseMlaKernel::kMma, batch, heads, 640, {.cluster_merge = -1});
+      ASSERT_TRUE(combine.ok()) << combine.status();
+      EXPECT_EQ((tiles + combine->num_splits - 1) / combine->num_splits, 1);
+      EXPECT_LE(per_split, 2);
+      if (batch >= 10 && prev_per_split != 1 << 30) {
+        EXPECT_GE(per_split, prev_per_split);
+      }
+      if (batch >= 10) prev_per_split = per_split;
+    }
+  }
+  EXPECT_GT(clustered, 0) << "no batch merged in a cluster";
 }
 
 // The plan's split count at H = 16, 64 and 128 and every batch 1..128 with K = 640 (blocks run one per SM):
@@ -438,7 +588,7 @@ TEST(GpuSparseMlaPlan, SplitsFillTheGpuAtEveryBatch) {
     int64_t prev_path = 0;
     for (int batch = 1; batch <= 128; ++batch) {
       SCOPED_TRACE(::testing::Message() << "H " << heads << " B " << batch);
-      auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, batch, heads, 640);
+      auto plan = MakeSparseMlaPlan(SparseMlaKernel::kMma, batch, heads, 640, {.cluster_merge = -1});
       ASSERT_TRUE(plan.ok()) << plan.status();
       const int tiles = (640 + plan->tile_rows - 1) / plan->tile_rows;
       const int64_t blocks = int64_t{batch} * plan->head_groups;
