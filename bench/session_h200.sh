@@ -4,11 +4,14 @@
 # Here:  scripts/gpu-tests.sh bundle build-h200 .gpu/gpu-tests (strip, tar cJf .gpu/gpu-tests.tar.xz gpu-tests),
 #        /work/shared/gpu/bundle.sh .gpu/decode-bench build-h200/bench/decode/dsv4-decode-bench \
 #          build-h200/bench/gemm/dsv4-gemm-bench && cp bench/decode/run_h200.sh .gpu/decode-bench/
-# There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench)
+# There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench or, as
+#        scripts/bundle-h200.sh makes it in one go, .gpu/decode-bench.tar.xz)
 # STEPS: any of suite decode singles decode_a pdl (default: the first four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
 mkdir -p "$OUT"
+# scripts/bundle-h200.sh carries the decode bench compressed; unpack it once.
+[ -d .gpu/decode-bench ] || { [ -f .gpu/decode-bench.tar.xz ] && tar xJf .gpu/decode-bench.tar.xz -C .gpu; }
 for s in $STEPS; do
   echo "=== $s $(date +%T)"
   case $s in
