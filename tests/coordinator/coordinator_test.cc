@@ -229,6 +229,22 @@ TEST_F(CoordinatorTest, AWorkerWithAFullQueueIsSkipped) {
   EXPECT_EQ(workers_[2]->completed(), 6);
 }
 
+// A group died after writing `die_after` tokens; the survivor's request resumes after k of them, 1 <= k <=
+// die_after: the last chunks the dead group wrote may never reach the coordinator (the process is gone before
+// they leave its socket), and the coordinator resumes from what it received, never from what was written.
+// The resumed prompt is the original prompt plus exactly the k tokens the client already has.
+void ExpectResumedAfterWhatTheClientGot(const dsv4::v1::GenerateRequest& resumed,
+                                        const std::vector<int32_t>& prompt, const std::vector<int32_t>& tokens,
+                                        int die_after) {
+  const int k = resumed.resume_generated();
+  EXPECT_GE(k, 1);
+  EXPECT_LE(k, die_after);
+  ASSERT_LE(k, static_cast<int>(tokens.size()));
+  ASSERT_EQ(resumed.prompt_token_ids_size(), static_cast<int>(prompt.size()) + k);
+  for (size_t i = 0; i < prompt.size(); ++i) EXPECT_EQ(resumed.prompt_token_ids(i), prompt[i]) << i;
+  for (int i = 0; i < k; ++i) EXPECT_EQ(resumed.prompt_token_ids(prompt.size() + i), tokens[i]) << i;
+}
+
 // The group that gets the request dies after `die_after` tokens; the stream must equal an uninterrupted run.
 void ExpectSeamlessFailover(CoordinatorTest* t, std::vector<std::unique_ptr<FakeWorker>>& workers,
                             dsv4::v1::Coordinator::Stub& stub, dsv4::v1::GenerateRequest req, int die_after) {
@@ -245,11 +261,7 @@ void ExpectSeamlessFailover(CoordinatorTest* t, std::vector<std::unique_ptr<Fake
   // The survivor got the original prompt plus what the dead group had streamed, marked as resumed.
   const std::vector<dsv4::v1::GenerateRequest> resumed = workers[1]->requests();
   ASSERT_EQ(resumed.size(), 1u);
-  const int k = resumed[0].resume_generated();
-  EXPECT_GE(k, 1);
-  EXPECT_LE(k, die_after);
-  ASSERT_EQ(resumed[0].prompt_token_ids_size(), static_cast<int>(prompt.size()) + k);
-  for (int i = 0; i < k; ++i) EXPECT_EQ(resumed[0].prompt_token_ids(prompt.size() + i), r.tokens[i]);
+  ExpectResumedAfterWhatTheClientGot(resumed[0], prompt, r.tokens, die_after);
   EXPECT_EQ(resumed[0].sampling().seed(), seed);
   EXPECT_EQ(resumed[0].sampling().max_new_tokens(), s.max_new_tokens());
 }
@@ -296,7 +308,7 @@ TEST_F(CoordinatorTest, LogprobsStayAlignedWithTheTokensThroughAFailover) {
     EXPECT_EQ(logprobs[i].top(1).token_id(), 1);
   }
   ASSERT_EQ(workers_[1]->requests().size(), 1u);
-  EXPECT_EQ(workers_[1]->requests()[0].resume_generated(), 4);
+  ExpectResumedAfterWhatTheClientGot(workers_[1]->requests()[0], {21, 22, 23}, tokens, 4);
   EXPECT_TRUE(workers_[1]->requests()[0].sampling().logprobs()) << "the resumed request still asks";
 }
 
@@ -635,7 +647,7 @@ TEST_F(CoordinatorTest, FailoverStaysOnTheCheckpointThatBeganTheStream) {
   EXPECT_EQ(r.tokens, FakeGeneration({61, 62, 63}, 12, false, 0, 1000));
   EXPECT_EQ(workers_[1]->generate_calls(), 0) << "resumed on a group serving another checkpoint";
   ASSERT_EQ(workers_[2]->requests().size(), 1u);
-  EXPECT_EQ(workers_[2]->requests()[0].resume_generated(), 5);
+  ExpectResumedAfterWhatTheClientGot(workers_[2]->requests()[0], {61, 62, 63}, r.tokens, 5);
   // Group 0 died: one A and one B ready; the tie goes to the smaller fingerprint.
   auto info = server_->pool().ModelInfo();
   ASSERT_TRUE(info.has_value());
