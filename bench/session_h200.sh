@@ -1,11 +1,8 @@
 #!/usr/bin/env bash
 # One device call that checks and measures a tree on the H200 (used by the fourth session; reusable): the whole
 # gpu-labelled suite, the decode bench runs, and the single-linear table with the multi-weight kernel's builds.
-# Here:  scripts/gpu-tests.sh bundle build-h200 .gpu/gpu-tests (strip, tar cJf .gpu/gpu-tests.tar.xz gpu-tests),
-#        /work/shared/gpu/bundle.sh .gpu/decode-bench build-h200/bench/decode/dsv4-decode-bench \
-#          build-h200/bench/gemm/dsv4-gemm-bench && cp bench/decode/run_h200.sh .gpu/decode-bench/
-# There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench or, as
-#        scripts/bundle-h200.sh makes it in one go, .gpu/decode-bench.tar.xz)
+# Here:  scripts/bundle-h200.sh (builds build-h200 for sm_90a and makes both bundles; the one recipe)
+# There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench.tar.xz)
 # STEPS: any of suite decode singles decode_a pdl (default: the first four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
