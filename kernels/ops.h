@@ -139,9 +139,10 @@ struct RopeArgs {
   bool inverse = false;
 };
 
-// RmsNorm then Rope on the same rows, in place: norm.x == norm.out == rope.x and norm.rows == rope.t * rope.heads,
-// norm.dim == rope.row_dim (the per-head q norm, the kv norm). Ops::NormRope runs the two ops; a backend may fuse
-// them into one pass (the CUDA backend: one kernel, the same bits as the two).
+// RmsNorm then Rope of the normed rows: norm.out == rope.x, norm.rows == rope.t * rope.heads, norm.dim ==
+// rope.row_dim (the per-head q norm and the kv norm, both in place; norm.x may differ from norm.out).
+// Ops::NormRope runs the two ops; a backend may fuse them into one pass (the CUDA backend: one kernel, the same
+// bits as the two; other arguments run the two ops there too).
 struct NormRopeArgs {
   RmsNormArgs norm;
   RopeArgs rope;

@@ -132,7 +132,9 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p)
 // RmsNorm then RoPE of one row (token t = row / heads) per block, in place: the norm exactly as RmsNormKernel
 // (same threads, same sums), then - where pos >= 0 - the rotation of its last 2 * pairs elements exactly as
 // RopeKernel (same angle, cos / sin and products). The row's normed values are re-read after a barrier (the
-// block's global writes are visible to it). One launch instead of two for the q and kv norms at decode.
+// block's global writes are visible to it). One launch instead of two for the q and kv norms at decode. Each
+// head's block computes its token's cos / sin again (pairs double-precision cos and sin in parallel: the same
+// latency as once per token, more FP64 work - cheap on sm_90, to watch on sm_120).
 __global__ void __launch_bounds__(kThreads) NormRopeKernel(const NormRopeParams p) {
   PdlEnter();
   __shared__ double partial[kThreads / 32];
