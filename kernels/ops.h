@@ -139,6 +139,15 @@ struct RopeArgs {
   bool inverse = false;
 };
 
+// RmsNorm then Rope of the normed rows: norm.out == rope.x, norm.rows == rope.t * rope.heads, norm.dim ==
+// rope.row_dim (the per-head q norm and the kv norm, both in place; norm.x may differ from norm.out).
+// Ops::NormRope runs the two ops; a backend may fuse them into one pass (the CUDA backend: one kernel, the same
+// bits as the two; other arguments run the two ops there too).
+struct NormRopeArgs {
+  RmsNormArgs norm;
+  RopeArgs rope;
+};
+
 // mHC pre: from the residual streams X[T, S, D] computes the mix weights and the Sinkhorn comb, and the
 // sublayer input u[t] = sum_i pre_i X_i (before the sublayer's RMSNorm).
 struct HcPreArgs {
@@ -352,6 +361,11 @@ class Ops {
   virtual void FusedLinear(const FusedLinearArgs& a) = 0;
   virtual void RmsNorm(const RmsNormArgs& a) = 0;
   virtual void Rope(const RopeArgs& a) = 0;
+  // The composition (the reference); CudaOps overrides it with one kernel.
+  virtual void NormRope(const NormRopeArgs& a) {
+    RmsNorm(a.norm);
+    Rope(a.rope);
+  }
   virtual void HcPre(const HcPreArgs& a) = 0;
   virtual void HcPost(const HcPostArgs& a) = 0;
   virtual void HcHead(const HcHeadArgs& a) = 0;

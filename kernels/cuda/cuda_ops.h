@@ -29,6 +29,7 @@ class CudaOps final : public Ops {
   void FusedLinear(const FusedLinearArgs& a) override;
   void RmsNorm(const RmsNormArgs& a) override;
   void Rope(const RopeArgs& a) override;
+  void NormRope(const NormRopeArgs& a) override;
   void HcPre(const HcPreArgs& a) override;
   void HcPost(const HcPostArgs& a) override;
   void HcHead(const HcHeadArgs& a) override;

@@ -2,9 +2,12 @@
 // Zero-sized work enqueues nothing.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/dense_params.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/linear.h"
@@ -58,6 +61,34 @@ absl::Status LaunchRope(const RopeArgs& a, cudaStream_t stream) {
   const RopeParams p{.x = a.x, .pos = a.pos, .inv_freq = a.inv_freq, .t = a.t, .heads = a.heads,
                      .row_dim = a.row_dim, .pairs = a.pairs, .inverse = a.inverse};
   return CudaStatus(internal::LaunchRopeKernel(p, stream), "rope launch");
+}
+
+absl::Status LaunchNormRope(const NormRopeArgs& a, cudaStream_t stream) {
+  const RmsNormArgs& n = a.norm;
+  const RopeArgs& r = a.rope;
+  // One kernel where the rope rotates exactly the normed rows (the model's q and kv norms); else the two ops.
+  // DSV4_NORM_ROPE=0 runs the two ops everywhere (A/B from one binary; read once per process).
+  static const bool enabled = [] {
+    const char* v = std::getenv("DSV4_NORM_ROPE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  const bool fused =
+      enabled && n.out == r.x && n.rows == r.t * r.heads && n.dim == r.row_dim && r.heads > 0 && r.pairs > 0;
+  if (!fused) {
+    DSV4_RETURN_IF_ERROR(LaunchRmsNorm(n, stream));
+    return LaunchRope(r, stream);
+  }
+  if (n.rows < 0 || n.dim < 1 || n.rows > kMaxGrid || 2 * int64_t{r.pairs} > n.dim || r.pairs > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat("norm+rope: bad sizes rows=", n.rows, " (t=", r.t, " heads=",
+                                                   r.heads, ") dim=", n.dim, " pairs=", r.pairs));
+  }
+  if (n.rows == 0) return absl::OkStatus();
+  if (n.x == nullptr || n.out == nullptr || r.pos == nullptr || r.inv_freq == nullptr) {
+    return absl::InvalidArgumentError("norm+rope: null x, out, pos or inv_freq");
+  }
+  const NormRopeParams p{.x = n.x, .w = n.w, .out = n.out, .rows = n.rows, .dim = n.dim, .eps = n.eps, .pos = r.pos,
+                         .inv_freq = r.inv_freq, .heads = r.heads, .pairs = r.pairs, .inverse = r.inverse};
+  return CudaStatus(internal::LaunchNormRopeKernel(p, stream), "norm+rope launch");
 }
 
 absl::Status LaunchScale(const ScaleArgs& a, cudaStream_t stream) {

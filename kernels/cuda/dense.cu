@@ -15,6 +15,9 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// Threads of a norm row's block (RmsNormKernel, NormRopeKernel: the same count gives the same sums).
+unsigned NormThreads(int64_t dim) { return dim >= 1024 ? kThreads : kThreads / 2; }
+
 unsigned GridFor(int64_t n, int64_t per_block, int64_t max_blocks) {
   const int64_t b = (n + per_block - 1) / per_block;
   return static_cast<unsigned>(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
@@ -54,21 +57,19 @@ __device__ double BlockSum(double v, double* shared) {
   return shared[0];
 }
 
-// One block per row. x and out may alias: every read of the row happens before the barrier in BlockSum, and
-// each thread rewrites only the elements it reads again itself. Rows of a multiple of 4 floats on 16-byte
-// boundaries (every row of the model) move as float4 with four loads in flight per thread: the op is a short
-// latency-bound pass per row at decode sizes.
-__global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p) {
-  PdlEnter();
-  __shared__ double partial[kThreads / 32];
-  const float* x = p.x + static_cast<int64_t>(blockIdx.x) * p.dim;
-  float* out = p.out + static_cast<int64_t>(blockIdx.x) * p.dim;
-  const bool vec = p.dim % 4 == 0 &&
+// One row of RMSNorm by one block (RmsNormKernel, NormRopeKernel). x and out may alias: every read of the row
+// happens before the barrier in BlockSum, and each thread rewrites only the elements it reads again itself. Rows of
+// a multiple of 4 floats on 16-byte boundaries (every row of the model) move as float4 with four loads in flight per
+// thread: the op is a short latency-bound pass per row at decode sizes. The sum's order depends on blockDim, so
+// both kernels launch with NormThreads(dim).
+__device__ __forceinline__ void RmsNormRow(const float* x, const float* wt, float* out, int64_t dim, float eps,
+                                           double* partial) {
+  const bool vec = dim % 4 == 0 &&
                    (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out) |
-                    reinterpret_cast<uintptr_t>(p.w)) % 16 == 0;
+                    reinterpret_cast<uintptr_t>(wt)) % 16 == 0;
   double ss = 0.0;
   if (vec) {
-    const int64_t d4 = p.dim / 4;
+    const int64_t d4 = dim / 4;
     const float4* x4 = reinterpret_cast<const float4*>(x);
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {
@@ -79,9 +80,9 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p)
       ss += static_cast<double>(v.w) * v.w;
     }
     ss = BlockSum(ss, partial);
-    const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(p.dim) + p.eps));
+    const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(dim) + eps));
     float4* out4 = reinterpret_cast<float4*>(out);
-    const float4* w4 = reinterpret_cast<const float4*>(p.w);
+    const float4* w4 = reinterpret_cast<const float4*>(wt);
 #pragma unroll 4
     for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {
       float4 v = x4[i];
@@ -94,13 +95,59 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p)
     }
     return;
   }
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
   ss = BlockSum(ss, partial);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(p.dim) + p.eps));
-  for (int64_t i = threadIdx.x; i < p.dim; i += blockDim.x) {
+  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(dim) + eps));
+  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
     const float v = __fmul_rn(x[i], inv);
-    out[i] = p.w != nullptr ? __fmul_rn(v, p.w[i]) : v;
+    out[i] = wt != nullptr ? __fmul_rn(v, wt[i]) : v;
   }
+}
+
+// cos / sin of RoPE's pairs at `pos` into cs ([pairs] cos, then [pairs] sin), by the block's threads.
+__device__ __forceinline__ void RopeAngles(int32_t pos, const float* inv_freq, int pairs, bool inverse, float* cs) {
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const float angle = __fmul_rn(static_cast<float>(pos), inv_freq[i]);
+    cs[i] = static_cast<float>(cos(static_cast<double>(angle)));
+    cs[pairs + i] = static_cast<float>(sin(static_cast<double>(angle))) * (inverse ? -1.f : 1.f);
+  }
+}
+
+// Rotates pair i of a row (x: the pair's first element) by the angles in cs.
+__device__ __forceinline__ void RotatePair(float* x, const float* cs, int pairs, int i) {
+  const float c = cs[i], s = cs[pairs + i];
+  const float x0 = x[0], x1 = x[1];
+  x[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  x[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+}
+
+// One block per row.
+__global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p) {
+  PdlEnter();
+  __shared__ double partial[kThreads / 32];
+  RmsNormRow(p.x + static_cast<int64_t>(blockIdx.x) * p.dim, p.w, p.out + static_cast<int64_t>(blockIdx.x) * p.dim,
+             p.dim, p.eps, partial);
+}
+
+// RmsNorm then RoPE of one row (token t = row / heads) per block, in place: the norm exactly as RmsNormKernel
+// (same threads, same sums), then - where pos >= 0 - the rotation of its last 2 * pairs elements exactly as
+// RopeKernel (same angle, cos / sin and products). The row's normed values are re-read after a barrier (the
+// block's global writes are visible to it). One launch instead of two for the q and kv norms at decode. Each
+// head's block computes its token's cos / sin again (pairs double-precision cos and sin in parallel: the same
+// latency as once per token, more FP64 work - cheap on sm_90, to watch on sm_120).
+__global__ void __launch_bounds__(kThreads) NormRopeKernel(const NormRopeParams p) {
+  PdlEnter();
+  __shared__ double partial[kThreads / 32];
+  extern __shared__ float rope_cs[];  // [pairs] cos, then [pairs] sin
+  const int64_t row = blockIdx.x;
+  float* out = p.out + row * p.dim;
+  RmsNormRow(p.x + row * p.dim, p.w, out, p.dim, p.eps, partial);
+  const int32_t pos = p.pos[row / p.heads];
+  if (pos < 0) return;  // uniform over the block
+  RopeAngles(pos, p.inv_freq, p.pairs, p.inverse, rope_cs);
+  __syncthreads();  // the angles, and the normed row's writes before the rotation reads them
+  float* first = out + (p.dim - 2 * p.pairs);
+  for (int i = threadIdx.x; i < p.pairs; i += blockDim.x) RotatePair(first + 2 * i, rope_cs, p.pairs, i);
 }
 
 // One block per token: cos/sin of each pair once (shared), then every head's pairs.
@@ -110,21 +157,13 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
   const int64_t t = blockIdx.x;
   const int32_t pos = p.pos[t];
   if (pos < 0) return;
-  for (int i = threadIdx.x; i < p.pairs; i += blockDim.x) {
-    const float angle = __fmul_rn(static_cast<float>(pos), p.inv_freq[i]);
-    cs[i] = static_cast<float>(cos(static_cast<double>(angle)));
-    cs[p.pairs + i] = static_cast<float>(sin(static_cast<double>(angle))) * (p.inverse ? -1.f : 1.f);
-  }
+  RopeAngles(pos, p.inv_freq, p.pairs, p.inverse, cs);
   __syncthreads();
   const int64_t first = p.row_dim - 2 * p.pairs;
   for (int64_t j = threadIdx.x; j < p.heads * p.pairs; j += blockDim.x) {
     const int64_t h = j / p.pairs;
     const int i = static_cast<int>(j % p.pairs);
-    float* x = p.x + (t * p.heads + h) * p.row_dim + first + 2 * i;
-    const float c = cs[i], s = cs[p.pairs + i];
-    const float x0 = x[0], x1 = x[1];
-    x[0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-    x[1] = __fadd_rn(__fmul_rn(x0, s), __fmul_rn(x1, c));
+    RotatePair(p.x + (t * p.heads + h) * p.row_dim + first + 2 * i, cs, p.pairs, i);
   }
 }
 
@@ -199,8 +238,12 @@ cudaError_t LaunchEmbedKernel(const EmbedParams& p, cudaStream_t stream) {
 }
 
 cudaError_t LaunchRmsNormKernel(const RmsNormParams& p, cudaStream_t stream) {
-  return LaunchPdl(RmsNormKernel, dim3(static_cast<unsigned>(p.rows)), dim3(p.dim >= 1024 ? kThreads : kThreads / 2), 0,
-                   stream, p);
+  return LaunchPdl(RmsNormKernel, dim3(static_cast<unsigned>(p.rows)), dim3(NormThreads(p.dim)), 0, stream, p);
+}
+
+cudaError_t LaunchNormRopeKernel(const NormRopeParams& p, cudaStream_t stream) {
+  return LaunchPdl(NormRopeKernel, dim3(static_cast<unsigned>(p.rows)), dim3(NormThreads(p.dim)),
+                   2 * p.pairs * sizeof(float), stream, p);
 }
 
 cudaError_t LaunchRopeKernel(const RopeParams& p, cudaStream_t stream) {

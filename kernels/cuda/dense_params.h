@@ -36,6 +36,20 @@ struct RopeParams {
   bool inverse = false;
 };
 
+// RmsNorm of rows [T * heads, dim] then RoPE of each row's last 2 * pairs elements (rows of tokens with pos >= 0).
+struct NormRopeParams {
+  const float* x = nullptr;         // [rows, dim]
+  const float* w = nullptr;         // [dim] or null
+  float* out = nullptr;             // [rows, dim]; may alias x
+  int64_t rows = 0, dim = 0;        // rows = T * heads
+  float eps = 0.f;
+  const int32_t* pos = nullptr;     // [T]
+  const float* inv_freq = nullptr;  // [pairs]
+  int64_t heads = 1;
+  int pairs = 0;
+  bool inverse = false;
+};
+
 struct ScaleParams {
   float* x = nullptr;  // [rows, dim]
   int64_t rows = 0, dim = 0;
@@ -60,6 +74,7 @@ namespace internal {
 cudaError_t LaunchEmbedKernel(const EmbedParams& p, cudaStream_t stream);
 cudaError_t LaunchRmsNormKernel(const RmsNormParams& p, cudaStream_t stream);
 cudaError_t LaunchRopeKernel(const RopeParams& p, cudaStream_t stream);
+cudaError_t LaunchNormRopeKernel(const NormRopeParams& p, cudaStream_t stream);
 cudaError_t LaunchScaleKernel(const ScaleParams& p, cudaStream_t stream);
 cudaError_t LaunchFillKernel(const FillParams& p, cudaStream_t stream);
 cudaError_t LaunchHadamardFp4Kernel(const HadamardFp4Params& p, cudaStream_t stream);

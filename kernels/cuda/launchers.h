@@ -43,6 +43,8 @@ absl::Status LaunchLinear(const LinearArgs& a, cudaStream_t stream);
 absl::Status LaunchFusedLinear(const FusedLinearArgs& a, cudaStream_t stream);
 absl::Status LaunchRmsNorm(const RmsNormArgs& a, cudaStream_t stream);
 absl::Status LaunchRope(const RopeArgs& a, cudaStream_t stream);
+// RmsNorm then Rope in one kernel where the rope rotates the normed rows (ops.h NormRopeArgs); else both ops.
+absl::Status LaunchNormRope(const NormRopeArgs& a, cudaStream_t stream);
 absl::Status LaunchHcPre(const HcPreArgs& a, cudaStream_t stream);
 absl::Status LaunchHcPost(const HcPostArgs& a, cudaStream_t stream);
 absl::Status LaunchHcHead(const HcHeadArgs& a, cudaStream_t stream);

@@ -63,26 +63,27 @@ void AttentionSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, cons
     add(from_cq, w.wq_b.get(), q);
     if (w.ratio == 4) add(from_cq, w.idx_wq_b.get(), idx_q);
     ops.FusedLinear(from_cq);
-    ops.RmsNorm({.x = q, .w = nullptr, .out = q, .rows = T * H, .dim = Dh, .eps = eps});
-    ops.Rope({.x = q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh, .pairs = pairs});
-    ops.RmsNorm({.x = kv, .w = w.kv_norm.ptr(), .out = kv, .rows = T, .dim = Dh, .eps = eps});
-    ops.Rope({.x = kv, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = 1, .row_dim = Dh, .pairs = pairs});
+    ops.NormRope({.norm = {.x = q, .w = nullptr, .out = q, .rows = T * H, .dim = Dh, .eps = eps},
+                  .rope = {.x = q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh, .pairs = pairs}});
+    ops.NormRope({.norm = {.x = kv, .w = w.kv_norm.ptr(), .out = kv, .rows = T, .dim = Dh, .eps = eps},
+                  .rope = {.x = kv, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = 1, .row_dim = Dh, .pairs = pairs}});
     if (w.ratio == 4) {
       ops.Rope({.x = idx_q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = IH, .row_dim = ID, .pairs = pairs});
       if (production) ops.HadamardFp4({.x = idx_q, .rows = T * IH, .dim = ID});
     }
   } else {
-    // q path: c_q = norm(W_qa a); q = W_qb c_q; per-head unweighted RMS; RoPE on the last rope dims.
+    // q path: c_q = norm(W_qa a); q = W_qb c_q; per-head unweighted RMS; RoPE on the last rope dims (one op:
+    // NormRope, which a backend may run as one kernel).
     ops.Linear({.w = w.wq_a.get(), .x = F32(ws.a), .y = cq, .t = T});
     ops.RmsNorm({.x = cq, .w = w.q_norm.ptr(), .out = cq, .rows = T, .dim = QL, .eps = eps});
     ops.Linear({.w = w.wq_b.get(), .x = F32(ws.cq), .y = q, .t = T});
-    ops.RmsNorm({.x = q, .w = nullptr, .out = q, .rows = T * H, .dim = Dh, .eps = eps});
-    ops.Rope({.x = q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh, .pairs = pairs});
+    ops.NormRope({.norm = {.x = q, .w = nullptr, .out = q, .rows = T * H, .dim = Dh, .eps = eps},
+                  .rope = {.x = q, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = H, .row_dim = Dh, .pairs = pairs}});
 
     // kv path: one latent key per token (value = key).
     ops.Linear({.w = w.wkv.get(), .x = F32(ws.a), .y = kv, .t = T});
-    ops.RmsNorm({.x = kv, .w = w.kv_norm.ptr(), .out = kv, .rows = T, .dim = Dh, .eps = eps});
-    ops.Rope({.x = kv, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = 1, .row_dim = Dh, .pairs = pairs});
+    ops.NormRope({.norm = {.x = kv, .w = w.kv_norm.ptr(), .out = kv, .rows = T, .dim = Dh, .eps = eps},
+                  .rope = {.x = kv, .pos = pos, .inv_freq = inv_freq, .t = T, .heads = 1, .row_dim = Dh, .pairs = pairs}});
 
     // Compressor and indexer projections.
     if (w.ratio > 0) {

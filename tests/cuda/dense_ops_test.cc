@@ -1,4 +1,4 @@
-// The CUDA dense ops against the CPU reference ops (cuda_ops_test, label gpu): embedding, RMSNorm, RoPE,
+// The CUDA dense ops against the CPU reference ops (cuda_ops_test, label gpu): embedding, RMSNorm, RoPE, both in one,
 // scale, fill, the Hadamard + FP4 simulation (bit for bit) and the mHC pre / post / head mixes, at the shapes
 // of configs/flash.json (D 4096, 64 heads of 512, indexer 64 x 128, S 4) and tiny.json (D 512), with padding
 // tokens, in-place calls and zero-sized calls. Outputs start as NaN, so an element an op forgets fails.
@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -13,6 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/float_formats.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launchers.h"
 #include "tests/cuda/test_util.h"
 
 namespace dsv4::kernels::cuda {
@@ -144,6 +148,77 @@ TEST(DenseRope, FlashShapesForwardAndInverse) {
   CheckRope("kv rope [7, 1, 512]", 1, 512, 32, false);
   CheckRope("indexer q rope [7, 64, 128]", 64, 128, 32, false);
   CheckRope("whole row [7, 2, 64] pairs 32", 2, 64, 32, false);
+}
+
+// NormRope (RmsNorm then RoPE of the same rows in one kernel) against the two CUDA ops on a copy of the same input
+// (bit for bit: same threads, sums and products) and against the CPU reference's composition.
+void CheckNormRope(const std::string& what, int64_t heads, int64_t dim, int pairs, bool weighted, bool inverse) {
+  auto b = GetBackends();
+  std::mt19937 rng(static_cast<uint32_t>(heads * 7 + dim + pairs + weighted + 2 * inverse));
+  const std::vector<int32_t> pos = {0, 1, 65535, -1, 77, 4096};  // -1: padding, normed but not rotated
+  const int64_t t = static_cast<int64_t>(pos.size()), rows = t * heads;
+  std::vector<float> inv_freq(static_cast<size_t>(pairs));
+  for (int i = 0; i < pairs; ++i) inv_freq[i] = std::pow(10000.f, -static_cast<float>(i) / pairs);
+  const std::vector<float> x = RandomNormal(rng, rows * dim, 3.f);
+  Pair fused = Both(x), ps = BothI32(pos), f = Both(inv_freq), ws = Both(RandomNormal(rng, dim));
+  Buffer two = Upload(b.cuda, x);
+  auto args = [&](float* xb, const Pair& pp, const Pair& fp, const Pair& wp, bool gpu) {
+    return NormRopeArgs{
+        .norm = {.x = xb, .w = weighted ? (gpu ? wp.gpu : wp.cpu).as<float>() : nullptr, .out = xb, .rows = rows,
+                 .dim = dim, .eps = 1e-6f},
+        .rope = {.x = xb, .pos = (gpu ? pp.gpu : pp.cpu).as<int32_t>(), .inv_freq = (gpu ? fp.gpu : fp.cpu).as<float>(),
+                 .t = t, .heads = heads, .row_dim = dim, .pairs = pairs, .inverse = inverse}};
+  };
+  b.cpu.ops().NormRope(args(fused.cpu.as<float>(), ps, f, ws, false));
+  b.cuda.ops().NormRope(args(fused.gpu.as<float>(), ps, f, ws, true));
+  const NormRopeArgs sep = args(two.as<float>(), ps, f, ws, true);
+  b.cuda.ops().RmsNorm(sep.norm);
+  b.cuda.ops().Rope(sep.rope);
+  auto [got, want] = Results(fused, rows * dim);
+  ExpectBitEqual(what + ": one kernel vs RmsNorm + Rope", got, Download(b.cuda, two, rows * dim));
+  ExpectClose(what + ": vs the CPU", got, want, 1e-6, 1e-5);
+}
+
+TEST(DenseNormRope, SameBitsAsTheTwoOps) {
+  DSV4_REQUIRE_GPU();
+  if (const char* v = std::getenv("DSV4_NORM_ROPE"); v != nullptr && std::strcmp(v, "0") == 0) {
+    GTEST_SKIP() << "DSV4_NORM_ROPE=0 runs the two kernels: nothing to compare";
+  }
+  CheckNormRope("q [6, 64, 512] unweighted", 64, 512, 32, false, false);
+  CheckNormRope("q TP 4 shard [6, 16, 512]", 16, 512, 32, false, false);
+  CheckNormRope("kv [6, 1, 512] weighted", 1, 512, 32, true, false);
+  CheckNormRope("inverse [6, 4, 512]", 4, 512, 32, true, true);
+  CheckNormRope("256-thread rows [6, 2, 1024]", 2, 1024, 32, true, false);
+  CheckNormRope("odd dim [6, 3, 77] pairs 8", 3, 77, 8, true, false);
+}
+
+TEST(DenseNormRope, RefusesBadSizesAndFallsBackWhereRowsDiffer) {
+  DSV4_REQUIRE_GPU();
+  auto b = GetBackends();
+  cudaStream_t stream = static_cast<CudaBackend&>(b.cuda).stream();
+  Buffer x = Upload(b.cuda, std::vector<float>(4 * 64, 1.f)), f = Upload(b.cuda, std::vector<float>(64, 0.5f));
+  Buffer p = UploadI32(b.cuda, std::vector<int32_t>{0, 1, 2, 3});
+  NormRopeArgs a{.norm = {.x = x.as<float>(), .out = x.as<float>(), .rows = 4, .dim = 64},
+                 .rope = {.x = x.as<float>(), .pos = p.as<int32_t>(), .inv_freq = f.as<float>(), .t = 4, .heads = 1,
+                          .row_dim = 64, .pairs = 33}};
+  EXPECT_EQ(LaunchNormRope(a, stream).code(), absl::StatusCode::kInvalidArgument);  // 2 * pairs > dim
+  a.rope.pairs = 32;
+  a.rope.pos = nullptr;
+  EXPECT_EQ(LaunchNormRope(a, stream).code(), absl::StatusCode::kInvalidArgument);
+  a.rope.pos = p.as<int32_t>();
+  EXPECT_TRUE(LaunchNormRope(a, stream).ok());
+  // Rotating only the first two rows is not the norm's rows, so the two ops run: the same bits as launching them.
+  std::mt19937 rng(5);
+  const std::vector<float> host = RandomNormal(rng, 4 * 64);
+  Buffer y = Upload(b.cuda, host), z = Upload(b.cuda, host);
+  a.norm.x = a.norm.out = a.rope.x = y.as<float>();
+  a.rope.t = 2;
+  ASSERT_TRUE(LaunchNormRope(a, stream).ok());
+  a.norm.x = a.norm.out = a.rope.x = z.as<float>();
+  ASSERT_TRUE(LaunchRmsNorm(a.norm, stream).ok());
+  ASSERT_TRUE(LaunchRope(a.rope, stream).ok());
+  ASSERT_TRUE(b.cuda.Synchronize().ok());
+  ExpectBitEqual("norm + rope of other rows: the two ops", Download(b.cuda, y, 4 * 64), Download(b.cuda, z, 4 * 64));
 }
 
 TEST(DenseScaleFill, ExactAndZeroSized) {
