@@ -5,7 +5,7 @@
 #        /work/shared/gpu/bundle.sh .gpu/decode-bench build-h200/bench/decode/dsv4-decode-bench \
 #          build-h200/bench/gemm/dsv4-gemm-bench && cp bench/decode/run_h200.sh .gpu/decode-bench/
 # There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench)
-# STEPS: any of suite decode singles decode_a pdl norm_rope (default: the first four, ~8 minutes). Logs under OUT.
+# STEPS: any of suite decode singles decode_a pdl norm_rope hc_norm (default: the first four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
 mkdir -p "$OUT"
@@ -31,6 +31,12 @@ for s in $STEPS; do
                    --comm-latency-us=20 --context=8192 --batches=1,8,64 >> "$OUT/norm_rope_$v.txt" 2>&1
                  echo "DSV4_NORM_ROPE=$v rc=$?"; tail -n 30 "$OUT/norm_rope_$v.txt" | grep -E '^\| *(1|8|64) \|'
                done ;;
+    hc_norm) for v in 0 1 0 1; do  # the sublayer norm as its own kernel / inside the mHC pre (kernels/cuda/hc.cc, DSV4_HC_NORM)
+               DSV4_HC_NORM=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 120 .gpu/decode-bench/bin/dsv4-decode-bench \
+                 --config=configs/flash.json --simulate-rank=0 --simulate-world=4 --comm-busbw-gbs=146 \
+                 --comm-latency-us=20 --context=8192 --batches=1,8,64 >> "$OUT/hc_norm_$v.txt" 2>&1
+               echo "DSV4_HC_NORM=$v rc=$?"; tail -n 30 "$OUT/hc_norm_$v.txt" | grep -E '^\| *(1|8|64) \|'
+             done ;;
     *) echo "unknown step $s" ;;
   esac
 done
