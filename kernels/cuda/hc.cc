@@ -45,10 +45,6 @@ absl::StatusOr<HcMixParams> PlanMix(const char* op, HcMixParams mix) {
   return mix;
 }
 
-}  // namespace
-
-namespace {
-
 // HcPre, with the sublayer's RMSNorm of u fused into the finish kernel where rms_threads > 0.
 absl::Status LaunchHcPreWith(const HcPreArgs& a, const float* rms_w, float rms_eps, int rms_threads,
                              cudaStream_t stream) {

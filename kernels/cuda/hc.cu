@@ -14,7 +14,7 @@ namespace {
 
 constexpr int kSplitThreads = 256;
 constexpr int kFinishThreads = 256;
-static_assert(kFinishThreads <= kNormMaxThreads, "the fused norm's partial sums: one double a warp");
+static_assert(kFinishThreads == kNormMaxThreads, "the fused norm: NormThreads(d) <= the block, one double a warp");
 constexpr int kRowsPerBlock = 4;  // rows of the split pass sharing one read of the mix weights
 
 __device__ __forceinline__ float Sigmoid(float v) { return __fdiv_rn(1.f, __fadd_rn(1.f, expf(-v))); }
