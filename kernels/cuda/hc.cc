@@ -2,14 +2,13 @@
 // then the kernels of hc.cu.
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/hc_params.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/env_flag.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/norm_row.cuh"
 
@@ -77,10 +76,7 @@ absl::Status LaunchHcPreNorm(const HcPreNormArgs& a, cudaStream_t stream) {
   const HcPreArgs& pre = a.pre;
   const RmsNormArgs& n = a.norm;
   // DSV4_HC_NORM=0 runs the two ops everywhere (A/B from one binary; read once per process).
-  static const bool enabled = [] {
-    const char* v = std::getenv("DSV4_HC_NORM");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = EnvFlagOn("DSV4_HC_NORM");
   const bool fused = enabled && n.x == pre.u && n.out == pre.u && n.rows == pre.t && n.dim == pre.d && pre.d > 0 &&
                      static_cast<int64_t>(NormThreads(pre.d)) <= kFinishThreads;
   if (!fused) {
