@@ -163,6 +163,14 @@ struct HcPreArgs {
   float norm_eps = 1e-6f, hc_eps = 1e-6f;
 };
 
+// mHC pre then the sublayer's RMSNorm of its output u, in place: norm.x == norm.out == pre.u, norm.rows == pre.t,
+// norm.dim == pre.d. Ops::HcPreNorm runs the two ops; the CUDA backend normalises u in the finish kernel of the
+// mHC pre (the same bits as the two; other arguments run the two ops there too).
+struct HcPreNormArgs {
+  HcPreArgs pre;
+  RmsNormArgs norm;
+};
+
 // mHC post: X'[t, j] = post[t, j] * y[t] + sum_i comb[t, i, j] * X[t, i]. x_out must not alias x.
 struct HcPostArgs {
   const float* x = nullptr;     // [T, S, D]
@@ -367,6 +375,11 @@ class Ops {
     Rope(a.rope);
   }
   virtual void HcPre(const HcPreArgs& a) = 0;
+  // The composition (the reference); CudaOps overrides it with one kernel fewer.
+  virtual void HcPreNorm(const HcPreNormArgs& a) {
+    HcPre(a.pre);
+    RmsNorm(a.norm);
+  }
   virtual void HcPost(const HcPostArgs& a) = 0;
   virtual void HcHead(const HcHeadArgs& a) = 0;
   virtual void Scale(const ScaleArgs& a) = 0;

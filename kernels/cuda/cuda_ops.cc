@@ -18,6 +18,7 @@ void CudaOps::RmsNorm(const RmsNormArgs& a) { Keep(LaunchRmsNorm(a, stream_)); }
 void CudaOps::Rope(const RopeArgs& a) { Keep(LaunchRope(a, stream_)); }
 void CudaOps::NormRope(const NormRopeArgs& a) { Keep(LaunchNormRope(a, stream_)); }
 void CudaOps::HcPre(const HcPreArgs& a) { Keep(LaunchHcPre(a, stream_)); }
+void CudaOps::HcPreNorm(const HcPreNormArgs& a) { Keep(LaunchHcPreNorm(a, stream_)); }
 void CudaOps::HcPost(const HcPostArgs& a) { Keep(LaunchHcPost(a, stream_)); }
 void CudaOps::HcHead(const HcHeadArgs& a) { Keep(LaunchHcHead(a, stream_)); }
 void CudaOps::Scale(const ScaleArgs& a) { Keep(LaunchScale(a, stream_)); }

@@ -31,6 +31,7 @@ class CudaOps final : public Ops {
   void Rope(const RopeArgs& a) override;
   void NormRope(const NormRopeArgs& a) override;
   void HcPre(const HcPreArgs& a) override;
+  void HcPreNorm(const HcPreNormArgs& a) override;
   void HcPost(const HcPostArgs& a) override;
   void HcHead(const HcHeadArgs& a) override;
   void Scale(const ScaleArgs& a) override;

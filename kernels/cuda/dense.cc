@@ -2,13 +2,12 @@
 // Zero-sized work enqueues nothing.
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/dense_params.h"
+#include "kernels/cuda/env_flag.h"
 #include "kernels/cuda/launchers.h"
 #include "kernels/cuda/linear.h"
 
@@ -68,10 +67,7 @@ absl::Status LaunchNormRope(const NormRopeArgs& a, cudaStream_t stream) {
   const RopeArgs& r = a.rope;
   // One kernel where the rope rotates exactly the normed rows (the model's q and kv norms); else the two ops.
   // DSV4_NORM_ROPE=0 runs the two ops everywhere (A/B from one binary; read once per process).
-  static const bool enabled = [] {
-    const char* v = std::getenv("DSV4_NORM_ROPE");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool enabled = EnvFlagOn("DSV4_NORM_ROPE");
   const bool fused =
       enabled && n.out == r.x && n.rows == r.t * r.heads && n.dim == r.row_dim && r.heads > 0 && r.pairs > 0;
   if (!fused) {

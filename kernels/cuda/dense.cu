@@ -8,15 +8,13 @@
 
 #include "common/float_formats.h"
 #include "kernels/cuda/dense_params.h"
+#include "kernels/cuda/norm_row.cuh"
 #include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Threads of a norm row's block (RmsNormKernel, NormRopeKernel: the same count gives the same sums).
-unsigned NormThreads(int64_t dim) { return dim >= 1024 ? kThreads : kThreads / 2; }
 
 unsigned GridFor(int64_t n, int64_t per_block, int64_t max_blocks) {
   const int64_t b = (n + per_block - 1) / per_block;
@@ -40,70 +38,6 @@ __global__ void __launch_bounds__(kThreads) EmbedKernel(const EmbedParams p) {
   }
 }
 
-// Sum over the block in double (thread 0's result is returned to every thread).
-__device__ double BlockSum(double v, double* shared) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < static_cast<int>(blockDim.x >> 5) ? shared[lane] : 0.0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) shared[0] = v;
-  }
-  __syncthreads();
-  return shared[0];
-}
-
-// One row of RMSNorm by one block (RmsNormKernel, NormRopeKernel). x and out may alias: every read of the row
-// happens before the barrier in BlockSum, and each thread rewrites only the elements it reads again itself. Rows of
-// a multiple of 4 floats on 16-byte boundaries (every row of the model) move as float4 with four loads in flight per
-// thread: the op is a short latency-bound pass per row at decode sizes. The sum's order depends on blockDim, so
-// both kernels launch with NormThreads(dim).
-__device__ __forceinline__ void RmsNormRow(const float* x, const float* wt, float* out, int64_t dim, float eps,
-                                           double* partial) {
-  const bool vec = dim % 4 == 0 &&
-                   (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(out) |
-                    reinterpret_cast<uintptr_t>(wt)) % 16 == 0;
-  double ss = 0.0;
-  if (vec) {
-    const int64_t d4 = dim / 4;
-    const float4* x4 = reinterpret_cast<const float4*>(x);
-#pragma unroll 4
-    for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {
-      const float4 v = x4[i];
-      ss += static_cast<double>(v.x) * v.x;
-      ss += static_cast<double>(v.y) * v.y;
-      ss += static_cast<double>(v.z) * v.z;
-      ss += static_cast<double>(v.w) * v.w;
-    }
-    ss = BlockSum(ss, partial);
-    const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(dim) + eps));
-    float4* out4 = reinterpret_cast<float4*>(out);
-    const float4* w4 = reinterpret_cast<const float4*>(wt);
-#pragma unroll 4
-    for (int64_t i = threadIdx.x; i < d4; i += blockDim.x) {
-      float4 v = x4[i];
-      v = make_float4(__fmul_rn(v.x, inv), __fmul_rn(v.y, inv), __fmul_rn(v.z, inv), __fmul_rn(v.w, inv));
-      if (w4 != nullptr) {
-        const float4 w = w4[i];
-        v = make_float4(__fmul_rn(v.x, w.x), __fmul_rn(v.y, w.y), __fmul_rn(v.z, w.z), __fmul_rn(v.w, w.w));
-      }
-      out4[i] = v;
-    }
-    return;
-  }
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) ss += static_cast<double>(x[i]) * x[i];
-  ss = BlockSum(ss, partial);
-  const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(dim) + eps));
-  for (int64_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    const float v = __fmul_rn(x[i], inv);
-    out[i] = wt != nullptr ? __fmul_rn(v, wt[i]) : v;
-  }
-}
-
 // cos / sin of RoPE's pairs at `pos` into cs ([pairs] cos, then [pairs] sin), by the block's threads.
 __device__ __forceinline__ void RopeAngles(int32_t pos, const float* inv_freq, int pairs, bool inverse, float* cs) {
   for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
@@ -124,9 +58,9 @@ __device__ __forceinline__ void RotatePair(float* x, const float* cs, int pairs,
 // One block per row.
 __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p) {
   PdlEnter();
-  __shared__ double partial[kThreads / 32];
+  __shared__ double partial[kNormMaxThreads / 32];
   RmsNormRow(p.x + static_cast<int64_t>(blockIdx.x) * p.dim, p.w, p.out + static_cast<int64_t>(blockIdx.x) * p.dim,
-             p.dim, p.eps, partial);
+             p.dim, p.eps, partial, static_cast<int>(blockDim.x));
 }
 
 // RmsNorm then RoPE of one row (token t = row / heads) per block, in place: the norm exactly as RmsNormKernel
@@ -137,11 +71,11 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(const RmsNormParams p)
 // latency as once per token, more FP64 work - cheap on sm_90, to watch on sm_120).
 __global__ void __launch_bounds__(kThreads) NormRopeKernel(const NormRopeParams p) {
   PdlEnter();
-  __shared__ double partial[kThreads / 32];
+  __shared__ double partial[kNormMaxThreads / 32];
   extern __shared__ float rope_cs[];  // [pairs] cos, then [pairs] sin
   const int64_t row = blockIdx.x;
   float* out = p.out + row * p.dim;
-  RmsNormRow(p.x + row * p.dim, p.w, out, p.dim, p.eps, partial);
+  RmsNormRow(p.x + row * p.dim, p.w, out, p.dim, p.eps, partial, static_cast<int>(blockDim.x));
   const int32_t pos = p.pos[row / p.heads];
   if (pos < 0) return;  // uniform over the block
   RopeAngles(pos, p.inv_freq, p.pairs, p.inverse, rope_cs);

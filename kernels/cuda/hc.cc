@@ -4,16 +4,20 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "common/cuda_status.h"
 #include "kernels/cuda/hc_params.h"
 #include "kernels/cuda/device_info.h"
+#include "kernels/cuda/env_flag.h"
 #include "kernels/cuda/launchers.h"
+#include "kernels/cuda/norm_row.cuh"
 
 namespace dsv4::kernels::cuda {
 namespace {
 
 constexpr int64_t kSplitThreads = 256;  // hc.cu's split-pass block
 constexpr int64_t kRowsPerBlock = 4;    // hc.cu's rows per split-pass block
+constexpr int64_t kFinishThreads = 256; // hc.cu's finish block (the fused norm runs on NormThreads(d) of them)
 constexpr int64_t kMaxGrid = (int64_t{1} << 31) - 1;
 
 bool StreamsOk(int64_t s) { return s == 1 || s == 2 || s == 4; }
@@ -40,9 +44,9 @@ absl::StatusOr<HcMixParams> PlanMix(const char* op, HcMixParams mix) {
   return mix;
 }
 
-}  // namespace
-
-absl::Status LaunchHcPre(const HcPreArgs& a, cudaStream_t stream) {
+// HcPre, with the sublayer's RMSNorm of u fused into the finish kernel where rms_threads > 0.
+absl::Status LaunchHcPreWith(const HcPreArgs& a, const float* rms_w, float rms_eps, int rms_threads,
+                             cudaStream_t stream) {
   if (a.t < 0 || !StreamsOk(a.s) || a.d < 1 || a.t > kMaxGrid) {
     return absl::InvalidArgumentError(absl::StrCat("hc_pre: bad sizes t=", a.t, " s=", a.s, " d=", a.d,
                                                    " (s must be 1, 2 or 4)"));
@@ -57,8 +61,29 @@ absl::Status LaunchHcPre(const HcPreArgs& a, cudaStream_t stream) {
                             .mixes = static_cast<int>((2 + a.s) * a.s)});
   if (!mix.ok()) return mix.status();
   const HcPreParams p{.mix = *mix, .base = a.base, .scale = a.scale, .u = a.u, .post = a.post, .comb = a.comb,
-                      .sinkhorn_iters = a.sinkhorn_iters, .norm_eps = a.norm_eps, .hc_eps = a.hc_eps};
+                      .sinkhorn_iters = a.sinkhorn_iters, .norm_eps = a.norm_eps, .hc_eps = a.hc_eps,
+                      .rms_w = rms_w, .rms_eps = rms_eps, .rms_threads = rms_threads};
   return CudaStatus(internal::LaunchHcPreKernels(p, stream), "hc_pre launch");
+}
+
+}  // namespace
+
+absl::Status LaunchHcPre(const HcPreArgs& a, cudaStream_t stream) {
+  return LaunchHcPreWith(a, nullptr, 0.f, 0, stream);
+}
+
+absl::Status LaunchHcPreNorm(const HcPreNormArgs& a, cudaStream_t stream) {
+  const HcPreArgs& pre = a.pre;
+  const RmsNormArgs& n = a.norm;
+  // DSV4_HC_NORM=0 runs the two ops everywhere (A/B from one binary; read once per process).
+  static const bool enabled = EnvFlagOn("DSV4_HC_NORM");
+  const bool fused = enabled && n.x == pre.u && n.out == pre.u && n.rows == pre.t && n.dim == pre.d && pre.d > 0 &&
+                     static_cast<int64_t>(NormThreads(pre.d)) <= kFinishThreads;
+  if (!fused) {
+    DSV4_RETURN_IF_ERROR(LaunchHcPre(pre, stream));
+    return LaunchRmsNorm(n, stream);
+  }
+  return LaunchHcPreWith(pre, n.w, n.eps, static_cast<int>(NormThreads(pre.d)), stream);
 }
 
 absl::Status LaunchHcHead(const HcHeadArgs& a, cudaStream_t stream) {

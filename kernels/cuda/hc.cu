@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/hc_params.h"
+#include "kernels/cuda/norm_row.cuh"
 #include "kernels/cuda/pdl.h"
 
 namespace dsv4::kernels::cuda {
@@ -13,6 +14,7 @@ namespace {
 
 constexpr int kSplitThreads = 256;
 constexpr int kFinishThreads = 256;
+static_assert(kFinishThreads == kNormMaxThreads, "the fused norm: NormThreads(d) <= the block, one double a warp");
 constexpr int kRowsPerBlock = 4;  // rows of the split pass sharing one read of the mix weights
 
 __device__ __forceinline__ float Sigmoid(float v) { return __fdiv_rn(1.f, __fadd_rn(1.f, expf(-v))); }
@@ -222,6 +224,11 @@ __global__ void __launch_bounds__(kFinishThreads) HcPreFinishKernel(const HcPreP
     if (lane < S * S) p.comb[t * S * S + lane] = c;
   } else {
     MixStreams<S>(p.mix.x + t * S * p.mix.d, pre, p.mix.d, p.u + t * p.mix.d, 32, kFinishThreads - 32);
+  }
+  if (p.rms_threads > 0) {  // the sublayer's RMSNorm of u (HcPreNorm), uniform over the block
+    __shared__ double partial[kNormMaxThreads / 32];
+    __syncthreads();  // u's row, written by the mixing warps
+    RmsNormRow(p.u + t * p.mix.d, p.rms_w, p.u + t * p.mix.d, p.mix.d, p.rms_eps, partial, p.rms_threads);
   }
 }
 

@@ -38,6 +38,11 @@ struct HcPreParams {
   float* comb = nullptr;           // [T, S, S]
   int sinkhorn_iters = 20;
   float norm_eps = 0.f, hc_eps = 0.f;
+  // The sublayer's RMSNorm of u, fused into the finish kernel (HcPreNorm): on when rms_threads > 0, with the
+  // first rms_threads threads (NormThreads(d): RmsNormKernel's sums, so the same bits).
+  const float* rms_w = nullptr;  // [D] or null (unweighted)
+  float rms_eps = 0.f;
+  int rms_threads = 0;
 };
 
 struct HcHeadParams {

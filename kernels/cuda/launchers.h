@@ -46,6 +46,9 @@ absl::Status LaunchRope(const RopeArgs& a, cudaStream_t stream);
 // RmsNorm then Rope in one kernel where the rope rotates the normed rows (ops.h NormRopeArgs); else both ops.
 absl::Status LaunchNormRope(const NormRopeArgs& a, cudaStream_t stream);
 absl::Status LaunchHcPre(const HcPreArgs& a, cudaStream_t stream);
+// HcPre then RmsNorm of u, the norm inside HcPre's finish kernel where it normalises u in place (ops.h
+// HcPreNormArgs); else both ops.
+absl::Status LaunchHcPreNorm(const HcPreNormArgs& a, cudaStream_t stream);
 absl::Status LaunchHcPost(const HcPostArgs& a, cudaStream_t stream);
 absl::Status LaunchHcHead(const HcHeadArgs& a, cudaStream_t stream);
 absl::Status LaunchScale(const ScaleArgs& a, cudaStream_t stream);

@@ -31,11 +31,12 @@ void AttentionSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, cons
   float* kv = ws.kv.as<float>();
 
   m.BeginPhase(Phase::kDense);  // mHC, norms and projections; the attention proper is timed below
-  ops.HcPre({.x = x, .fn = w.hc_attn_fn.ptr(), .base = w.hc_attn_base.ptr(), .scale = w.hc_attn_scale.ptr(), .u = a,
-             .post = ws.post.as<float>(), .comb = ws.comb.as<float>(), .t = T, .s = S, .d = D,
-             .sinkhorn_iters = static_cast<int>(c.hc_sinkhorn_iters), .norm_eps = eps,
-             .hc_eps = static_cast<float>(c.hc_eps)});
-  ops.RmsNorm({.x = a, .w = w.attn_norm.ptr(), .out = a, .rows = T, .dim = D, .eps = eps});
+  ops.HcPreNorm({.pre = {.x = x, .fn = w.hc_attn_fn.ptr(), .base = w.hc_attn_base.ptr(),
+                         .scale = w.hc_attn_scale.ptr(), .u = a, .post = ws.post.as<float>(),
+                         .comb = ws.comb.as<float>(), .t = T, .s = S, .d = D,
+                         .sinkhorn_iters = static_cast<int>(c.hc_sinkhorn_iters), .norm_eps = eps,
+                         .hc_eps = static_cast<float>(c.hc_eps)},
+                 .norm = {.x = a, .w = w.attn_norm.ptr(), .out = a, .rows = T, .dim = D, .eps = eps}});
 
   const bool production = s.mode == NumericMode::kProduction;
   float* idx_q = ws.idx_q.as<float>();

@@ -16,11 +16,11 @@ void FfnSublayer(Dsv4Model::Impl& m, const StepContext& s, int layer, const floa
   float* y = ws.y.as<float>();
 
   m.BeginPhase(Phase::kDense);  // mHC pre and the norm
-  ops.HcPre({.x = x, .fn = w.hc_ffn_fn.ptr(), .base = w.hc_ffn_base.ptr(), .scale = w.hc_ffn_scale.ptr(), .u = a,
-             .post = ws.post.as<float>(), .comb = ws.comb.as<float>(), .t = T, .s = S, .d = D,
-             .sinkhorn_iters = static_cast<int>(c.hc_sinkhorn_iters), .norm_eps = eps,
-             .hc_eps = static_cast<float>(c.hc_eps)});
-  ops.RmsNorm({.x = a, .w = w.ffn_norm.ptr(), .out = a, .rows = T, .dim = D, .eps = eps});
+  ops.HcPreNorm({.pre = {.x = x, .fn = w.hc_ffn_fn.ptr(), .base = w.hc_ffn_base.ptr(), .scale = w.hc_ffn_scale.ptr(),
+                         .u = a, .post = ws.post.as<float>(), .comb = ws.comb.as<float>(), .t = T, .s = S, .d = D,
+                         .sinkhorn_iters = static_cast<int>(c.hc_sinkhorn_iters), .norm_eps = eps,
+                         .hc_eps = static_cast<float>(c.hc_eps)},
+                 .norm = {.x = a, .w = w.ffn_norm.ptr(), .out = a, .rows = T, .dim = D, .eps = eps}});
 
   m.BeginPhase(Phase::kMoe);  // router, routed experts and the shared expert
   ops.Moe({.x = a, .tokens = s.tokens, .pos = s.step.pos, .gate = w.gate.get(),

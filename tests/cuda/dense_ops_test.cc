@@ -323,6 +323,54 @@ TEST(DenseHcPre, FlashAndTinyShapes) {
   CheckHcPre("hc_pre one Sinkhorn iteration", 2, 512, 1);
 }
 
+// HcPreNorm (the sublayer's RMSNorm of u inside the mHC pre's finish kernel) against HcPre + RmsNorm on the GPU
+// (bit for bit: the norm runs RmsNormKernel's row code on the same thread count) and against the CPU reference's
+// composition.
+void CheckHcPreNorm(const std::string& what, int64_t t, int64_t d, bool weighted) {
+  auto b = GetBackends();
+  const int64_t s = 4, mixes = (2 + s) * s;
+  std::mt19937 rng(static_cast<uint32_t>(t * 11 + d + weighted));
+  HcParams hp = RandomHc(rng, mixes, s * d);
+  Pair x = Both(RandomNormal(rng, t * s * d, 2.f)), fn = Both(hp.fn), base = Both(hp.base), sc = Both(hp.scale);
+  Pair w = Both(RandomNormal(rng, d));
+  Pair u = BothPoisoned(t * d), post = BothPoisoned(t * s), comb = BothPoisoned(t * s * s);
+  Buffer u2 = Poisoned(b.cuda, t * d), post2 = Poisoned(b.cuda, t * s), comb2 = Poisoned(b.cuda, t * s * s);
+  auto args = [&](bool gpu, const Buffer* uo, const Buffer* po, const Buffer* co) {
+    auto pick = [gpu](const Pair& p) { return (gpu ? p.gpu : p.cpu).as<float>(); };
+    float* ub = uo ? uo->as<float>() : pick(u);
+    return HcPreNormArgs{
+        .pre = {.x = pick(x), .fn = pick(fn), .base = pick(base), .scale = pick(sc), .u = ub,
+                .post = po ? po->as<float>() : pick(post), .comb = co ? co->as<float>() : pick(comb), .t = t, .s = s,
+                .d = d, .sinkhorn_iters = 20},
+        .norm = {.x = ub, .w = weighted ? pick(w) : nullptr, .out = ub, .rows = t, .dim = d, .eps = 1e-6f}};
+  };
+  b.cpu.ops().HcPreNorm(args(false, nullptr, nullptr, nullptr));
+  b.cuda.ops().HcPreNorm(args(true, nullptr, nullptr, nullptr));
+  const HcPreNormArgs two = args(true, &u2, &post2, &comb2);
+  b.cuda.ops().HcPre(two.pre);
+  b.cuda.ops().RmsNorm(two.norm);
+  const std::string shape = absl::StrCat(" T=", t, " D=", d, weighted ? "" : " unweighted");
+  auto [ug, uw] = Results(u, t * d);
+  ExpectBitEqual(what + " u: fused vs HcPre + RmsNorm" + shape, ug, Download(b.cuda, u2, t * d));
+  ExpectClose(what + " u vs the CPU" + shape, ug, uw, 1e-4);
+  auto [pg, pw] = Results(post, t * s);
+  ExpectBitEqual(what + " post" + shape, pg, Download(b.cuda, post2, t * s));
+  auto [cg, cw] = Results(comb, t * s * s);
+  ExpectBitEqual(what + " comb" + shape, cg, Download(b.cuda, comb2, t * s * s));
+}
+
+TEST(DenseHcPreNorm, SameBitsAsHcPreThenRmsNorm) {
+  DSV4_REQUIRE_GPU();
+  if (const char* v = std::getenv("DSV4_HC_NORM"); v != nullptr && std::strcmp(v, "0") == 0) {
+    GTEST_SKIP() << "DSV4_HC_NORM=0 runs the two ops: nothing to compare";
+  }
+  CheckHcPreNorm("hc_pre+norm flash decode", 1, 4096, true);
+  CheckHcPreNorm("hc_pre+norm flash batch", 37, 4096, true);
+  CheckHcPreNorm("hc_pre+norm flash prefill", 300, 4096, true);
+  CheckHcPreNorm("hc_pre+norm tiny (128-thread norm)", 3, 512, true);
+  CheckHcPreNorm("hc_pre+norm unweighted", 2, 4096, false);
+}
+
 TEST(DenseHcPre, RefusesRowsTooNarrowForItsPartials) {
   DSV4_REQUIRE_GPU();
   auto b = GetBackends();
