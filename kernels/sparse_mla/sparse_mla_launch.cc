@@ -41,8 +41,8 @@ int ChooseSplits(int64_t blocks, int tiles, int sms, int max_splits = 1 << 30) {
 // Whether the automatic plan merges splits inside a cluster where it can (else the combine kernel).
 constexpr bool kAutoClusterMerge = true;
 // Whether the automatic plan also merges in a cluster where that keeps the combine plan's split count with more
-// than one tile per block (the wgmma kernels from B = 44 at H = 64, 2 splits of 10 tiles; the 8-warp kernel at
-// H = 16 / 32 there; H = 128 at B = 22-33): the combine launch and the f32 round trip go, no tile is added.
+// than one tile per block (the wgmma kernels from B = 45 at H = 64, 2 splits of 10 tiles; the 8-warp kernel at
+// H = 16 / 32 there; wgmma at H = 128, B = 23-33): the combine launch and the f32 round trip go, no tile is added.
 // Written without a GPU (seventh session): measure with bench_cluster before relying on it.
 constexpr bool kAutoClusterSameSplits = true;
 
@@ -185,10 +185,15 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
     // per block than that the combine kernel stays (each extra tile cost 1-3.5 us, more than the merge saves).
     // With kAutoClusterSameSplits also where the cluster keeps the combine plan's split count (see there). A
     // forced split count takes the cluster wherever it fits.
+    // The wgmma kernels take only the same-splits rule (the one-tile rule was measured on the mma.sync kernels;
+    // a forced split count keeps them on the combine kernel unless cluster_merge = 1, so their tests keep it).
     auto per_split = [&](int s) { return (tiles + s - 1) / s; };
-    const bool pays = options.cluster_merge == 1 || options.num_splits > 0 ||
-                      (per_split(plan.num_splits) == 1 && per_split(splits) <= 2) ||
-                      (kAutoClusterSameSplits && splits == plan.num_splits);
+    const bool same_splits =
+        kAutoClusterSameSplits && splits == plan.num_splits && (options.num_splits == 0 || !plan.wgmma);
+    const bool pays = options.cluster_merge == 1 ||
+                      (!plan.wgmma && (options.num_splits > 0 ||
+                                       (per_split(plan.num_splits) == 1 && per_split(splits) <= 2))) ||
+                      same_splits;
     if (options.cluster_merge == 1 && !can) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cluster_merge = 1: this configuration (", plan.wgmma ? "wgmma kernel" : "mma.sync kernel", ", ",

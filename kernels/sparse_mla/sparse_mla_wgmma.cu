@@ -330,10 +330,12 @@ int MmaWgmmaClusterCapacity(int num_splits) {
   return SplitClusterCapacity(SparseMlaWgmmaKernel, kThreads, kSmemBytes, num_splits);
 }
 
-cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, bool cluster_merge, cudaStream_t stream) {
+cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, bool cluster_merge,
+                               cudaStream_t stream) {
   const dim3 grid(p.num_heads / kHeads, num_splits, p.batch);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  return LaunchSplitKernel(SparseMlaWgmmaKernel, grid, kThreads, kSmemBytes, cluster_merge ? num_splits : 1, stream, p, scale_log2);
+  return LaunchSplitKernel(SparseMlaWgmmaKernel, grid, kThreads, kSmemBytes, cluster_merge ? num_splits : 1, stream, p,
+                           scale_log2);
 }
 
 }  // namespace internal
