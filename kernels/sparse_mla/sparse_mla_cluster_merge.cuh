@@ -22,6 +22,13 @@ using internal::kMaxClusterSplits;
 // below its per-head statistics (which the peers read during the merge).
 constexpr int ClusterMergeScratchBytes(int heads) { return heads * (kKvDim + kMaxClusterSplits) * 4; }
 
+// The block barrier between the merge's steps: __syncthreads() for kernels whose threads all merge; the
+// warp-specialised wgmma kernel passes its consumer-only named barrier (its producer warpgroup has exited by
+// then, and an exited thread does not hold up barrier.cluster).
+struct SyncThreads {
+  __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
 // Blocks in this block's cluster (1 without a cluster launch).
 __device__ __forceinline__ int ClusterBlocks() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -31,15 +38,16 @@ __device__ __forceinline__ int ClusterBlocks() {
 #endif
 }
 
-// Called by every thread of every block of the cluster after the block's statistics are in stat_* (and a
-// block barrier). `o` and the layout arguments as StoreBlockOutput's. Writes the bf16 output of the block's
-// heads and (cluster rank 0) their natural-log LSE.
-template <int kMTiles, int kDimsPerWarp, int kHeadsPerBlock, int kThreads>
+// Called by every merging thread (tid < kThreads; all threads of the block, or the consumers of the
+// warp-specialised kernel, with `sync` their barrier) of every block of the cluster after the block's statistics
+// are in stat_* (and a block barrier). `o` and the layout arguments as StoreBlockOutput's. Writes the bf16
+// output of the block's heads and (cluster rank 0) their natural-log LSE.
+template <int kMTiles, int kDimsPerWarp, int kHeadsPerBlock, int kThreads, typename BlockSync = SyncThreads>
 __device__ __forceinline__ void ClusterMergeOutput(const SparseMlaParams& p,
                                                    const float (&o)[kMTiles][kDimsPerWarp / 8][4],
                                                    const float* stat_m, const float* stat_l, const float* stat_lq,
                                                    int b, int head0, int tid, int mtile_head0, int dim0,
-                                                   uint8_t* scratch) {
+                                                   uint8_t* scratch, BlockSync sync = {}) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
   cg::cluster_group cluster = cg::this_cluster();
@@ -98,7 +106,7 @@ __device__ __forceinline__ void ClusterMergeOutput(const SparseMlaParams& p,
     }
     if (rank == 0) p.lse[static_cast<int64_t>(b) * p.num_heads + head0 + tid] = lse;
   }
-  __syncthreads();
+  sync();
 
   // 3. This rank's slice of the [G][512] outputs, four splits' loads in flight at a time, summed in split
   // order (the combine kernel's order; an empty split, weight 0, is skipped as there).

@@ -40,14 +40,20 @@ int MmaWideClusterCapacity(int m_tiles, int num_splits);
 bool MmaWgmmaBuilt();
 int MmaWgmmaSmemBytes();
 cudaError_t PrepareMmaWgmmaKernel();
-cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream);
+cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, bool cluster_merge,
+                               cudaStream_t stream);
+// Clusters of num_splits blocks the GPU holds at once for the wgmma kernel with the splits merged in the cluster
+// (0 where it cannot: not built, num_splits outside [2, kMaxClusterSplits], no cluster support).
+int MmaWgmmaClusterCapacity(int num_splits);
 // The warp-specialised sm_90a wgmma kernel of sparse_mla_wgmma_ws.cu (same blocks; built where the other is).
 int MmaWgmmaWsSmemBytes();
 cudaError_t PrepareMmaWgmmaWsKernel();
-cudaError_t LaunchMmaWgmmaWsMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream);
+cudaError_t LaunchMmaWgmmaWsMain(const SparseMlaParams& p, int num_splits, bool cluster_merge,
+                                 cudaStream_t stream);
+int MmaWgmmaWsClusterCapacity(int num_splits);
 // Main kernel over (head group, split, sequence) -- the wide one when `wide`, the wgmma one when `wgmma` (the
 // warp-specialised one when also `wgmma_ws`), else the 8-warp one with tile_rows -- and, when num_splits > 1,
-// either the splits as one cluster merging in place (`cluster_merge`, mma.sync kernels only) or the LSE
+// either the splits as one cluster merging in place (`cluster_merge`, every main kernel on sm_90+) or the LSE
 // combine kernel (with programmatic dependent launch when pdl).
 cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, bool wgmma_ws, int m_tiles,
                             int tile_rows, int num_splits, bool cluster_merge, bool pdl, cudaStream_t stream);

@@ -40,6 +40,11 @@ int ChooseSplits(int64_t blocks, int tiles, int sms, int max_splits = 1 << 30) {
 
 // Whether the automatic plan merges splits inside a cluster where it can (else the combine kernel).
 constexpr bool kAutoClusterMerge = true;
+// Whether the automatic plan also merges in a cluster where that keeps the combine plan's split count with more
+// than one tile per block (the wgmma kernels from B = 45 at H = 64, 2 splits of 10 tiles; the 8-warp kernel at
+// H = 16 / 32 there; wgmma at H = 128, B = 23-33): the combine launch and the f32 round trip go, no tile is added.
+// Written without a GPU (seventh session): measure with bench_cluster before relying on it.
+constexpr bool kAutoClusterSameSplits = true;
 
 }  // namespace
 
@@ -145,21 +150,23 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
                                       wgmma_available && long_blocks && plan.warps == 8 && plan.m_tiles == 4 &&
                                       plan.tile_rows == 32);
   plan.wgmma_ws = plan.wgmma && (options.wgmma_ws == 1 || (options.wgmma_ws == 0 && kAutoWgmmaWs));
-  // Cluster merge (mma.sync kernels, sm_90+): splits as above but at most kMaxClusterSplits, then fewer
+  // Cluster merge (sm_90+, every main kernel): splits as above but at most kMaxClusterSplits, then fewer
   // (one more tile per split each time) until every (sequence, head group) cluster of the batch runs at once.
   if (options.cluster_merge < -1 || options.cluster_merge > 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cluster_merge is ", options.cluster_merge, "; use 1 (on), -1 (off) or 0"));
   }
   if (options.cluster_merge == 1 || (options.cluster_merge == 0 && kAutoClusterMerge)) {
-    // Capacity queries only where a cluster can run (sm_90+, not the wgmma kernels), once per split count.
-    const bool supported = cc_major >= 9 && !plan.wgmma;
+    // Capacity queries only where a cluster can run (sm_90+), once per split count.
+    const bool supported = cc_major >= 9;
     int queried = 0, queried_capacity = 0;
     auto capacity = [&](int splits) {
       if (!supported) return 0;
       if (splits != queried) {
         queried = splits;
         queried_capacity = plan.warps == 16 ? internal::MmaWideClusterCapacity(plan.m_tiles, splits)
+                           : plan.wgmma_ws  ? internal::MmaWgmmaWsClusterCapacity(splits)
+                           : plan.wgmma     ? internal::MmaWgmmaClusterCapacity(splits)
                                             : internal::MmaClusterCapacity(plan.m_tiles, plan.tile_rows, splits);
       }
       return queried_capacity;
@@ -176,16 +183,21 @@ absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_
     // Automatic: where the combine plan's blocks hold a single tile and the cluster's at most two (H200, sixth
     // pass: B = 1 at H = 64, B = 1-4 at H = 16, 4-6% faster). Where the GPU's cluster capacity forces more tiles
     // per block than that the combine kernel stays (each extra tile cost 1-3.5 us, more than the merge saves).
-    // Equal split counts with more than one tile per block (H = 16 / 32 at B = 44-66: 2 splits) should gain too
-    // but were not measured, so they keep the combine kernel until they are. A forced split count takes the
-    // cluster wherever it fits.
+    // With kAutoClusterSameSplits also where the cluster keeps the combine plan's split count (see there). A
+    // forced split count takes the cluster wherever it fits.
+    // The wgmma kernels take only the same-splits rule (the one-tile rule was measured on the mma.sync kernels;
+    // a forced split count keeps them on the combine kernel unless cluster_merge = 1, so their tests keep it).
     auto per_split = [&](int s) { return (tiles + s - 1) / s; };
-    const bool pays = options.cluster_merge == 1 || options.num_splits > 0 ||
-                      (per_split(plan.num_splits) == 1 && per_split(splits) <= 2);
+    const bool same_splits =
+        kAutoClusterSameSplits && splits == plan.num_splits && (options.num_splits == 0 || !plan.wgmma);
+    const bool pays = options.cluster_merge == 1 ||
+                      (!plan.wgmma && (options.num_splits > 0 ||
+                                       (per_split(plan.num_splits) == 1 && per_split(splits) <= 2))) ||
+                      same_splits;
     if (options.cluster_merge == 1 && !can) {
       return absl::FailedPreconditionError(absl::StrCat(
           "cluster_merge = 1: this configuration (", plan.wgmma ? "wgmma kernel" : "mma.sync kernel", ", ",
-          splits, " splits, ", blocks, " clusters) cannot merge in a cluster (needs sm_90+, the mma.sync kernels, ",
+          splits, " splits, ", blocks, " clusters) cannot merge in a cluster (needs sm_90+, ",
           "2..", internal::kMaxClusterSplits, " splits, room for the merge in shared memory and every cluster ",
           "resident at once)"));
     }

@@ -37,7 +37,7 @@ struct SparseMlaPlanOptions {
   // Which wgmma kernel: 1 the warp-specialised one (producer warpgroup, sparse_mla_wgmma_ws.cu), -1 the
   // fourth pass's two-warpgroup one (sparse_mla_wgmma.cu), 0 = automatic.
   int wgmma_ws = 0;
-  // Split merge inside a thread-block cluster (sm_90+, the mma.sync kernels): 1 forces it (FailedPrecondition
+  // Split merge inside a thread-block cluster (sm_90+, every main kernel): 1 forces it (FailedPrecondition
   // where the configuration cannot run it; the automatic wgmma choice yields to it), -1 keeps the combine
   // kernel, 0 = automatic (see MakeSparseMlaPlan; with num_splits given, wherever those splits fit a cluster).
   int cluster_merge = 0;
@@ -66,11 +66,11 @@ struct SparseMlaPlan {
 // kernel where this build has it, the GPU is compute capability 9.0 and blocks hold >= 8 tiles, else on the
 // mma.sync 8-warp kernel;
 // splits = clamp(SMs / (B * head groups), 1, tiles of max_topk), so small batches still fill the GPU, then
-// lowered to the fewest splits with the same tiles per split. Where those splits hold one tile each, on the
-// mma.sync kernels (sm_90+), the splits of a (sequence, head group) instead run as one thread-block cluster that
-// merges them in distributed shared memory (no combine kernel, no f32 partials in global memory): splits capped
-// at kMaxClusterSplits (16) and lowered until the GPU co-schedules all of the batch's clusters in one wave, kept
-// only if that leaves at most two tiles per split.
+// lowered to the fewest splits with the same tiles per split. On sm_90+ the splits of a (sequence, head group)
+// may instead run as one thread-block cluster that merges them in distributed shared memory (no combine kernel,
+// no f32 partials in global memory): splits capped at kMaxClusterSplits (16) and lowered until the GPU
+// co-schedules all of the batch's clusters in one wave, kept where the combine plan's splits hold one tile each
+// and the cluster's at most two, or (any kernel, wgmma included) where the split count stays the combine plan's.
 // Raises the kernel's shared memory limit.
 absl::StatusOr<SparseMlaPlan> MakeSparseMlaPlan(SparseMlaKernel kernel, int max_batch, int num_heads,
                                                 int max_topk, const SparseMlaPlanOptions& options = {});

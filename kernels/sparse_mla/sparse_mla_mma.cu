@@ -518,8 +518,8 @@ cudaError_t LaunchMmaDecode(const SparseMlaParams& p, bool wide, bool wgmma, boo
   if (wide) {
     err = LaunchMmaWideMain(p, m_tiles, num_splits, cluster_merge, stream);
   } else if (wgmma) {
-    if (cluster_merge) return cudaErrorInvalidValue;  // the wgmma kernels merge through the combine kernel
-    err = wgmma_ws ? LaunchMmaWgmmaWsMain(p, num_splits, stream) : LaunchMmaWgmmaMain(p, num_splits, stream);
+    err = wgmma_ws ? LaunchMmaWgmmaWsMain(p, num_splits, cluster_merge, stream)
+                   : LaunchMmaWgmmaMain(p, num_splits, cluster_merge, stream);
   } else {
     if (MmaSmemBytes(m_tiles, tile_rows) == 0) return cudaErrorInvalidValue;
     err = Dispatch(m_tiles, tile_rows, [&](auto m, auto n) {

@@ -21,8 +21,10 @@
 
 #include <cmath>
 
+#include "kernels/sparse_mla/sparse_mla_cluster_merge.cuh"
 #include "kernels/sparse_mla/sparse_mla_device.cuh"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
+#include "kernels/sparse_mla/sparse_mla_split_launch.h"
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "kernels/sparse_mla/sparse_mla_wgmma_ops.cuh"
 #endif
@@ -59,6 +61,9 @@ static_assert(kRawStage % 16 == 0 && kOffQ % 128 == 0 && kOffK % 128 == 0 && kOf
                   kOffP % 16 == 0 && kOffAlpha % 16 == 0,
               "alignment of shared regions");
 static_assert(kSmemBytes <= 227 * 1024, "fits sm_90's 227 KB per block");
+// The cluster merge's scratch (from offset 0: tiles and Q, all consumed by then) stays below the statistics the
+// peers read.
+static_assert(ClusterMergeScratchBytes(kHeads) <= kOffStatM, "room for the cluster merge");
 
 // Device-only parts: compiled for sm_90a alone (other targets get an empty kernel the plan never launches).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -294,8 +299,13 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaKernel(const Sparse
     stat_lq[sm_head] = run_sum_q;
   }
   __syncthreads();
-  StoreBlockOutput<1, 256, kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
-                                   /*mtile_head0=*/16 * wg_warp, /*dim0=*/256 * wg);
+  if (num_splits > 1 && ClusterBlocks() == num_splits) {  // the splits are one cluster: merge in place
+    ClusterMergeOutput<1, 256, kHeads, kThreads>(p, o, stat_m, stat_l, stat_lq, b, head0, tid,
+                                                 /*mtile_head0=*/16 * wg_warp, /*dim0=*/256 * wg, smem);
+  } else {
+    StoreBlockOutput<1, 256, kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
+                                     /*mtile_head0=*/16 * wg_warp, /*dim0=*/256 * wg);
+  }
 #endif
 }
 
@@ -313,15 +323,19 @@ bool MmaWgmmaBuilt() {
 
 int MmaWgmmaSmemBytes() { return kSmemBytes; }
 
-cudaError_t PrepareMmaWgmmaKernel() {
-  return cudaFuncSetAttribute(SparseMlaWgmmaKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+cudaError_t PrepareMmaWgmmaKernel() { return PrepareSplitKernel(SparseMlaWgmmaKernel, kSmemBytes); }
+
+int MmaWgmmaClusterCapacity(int num_splits) {
+  if (!MmaWgmmaBuilt()) return 0;  // the kernel is empty outside sm_90a builds
+  return SplitClusterCapacity(SparseMlaWgmmaKernel, kThreads, kSmemBytes, num_splits);
 }
 
-cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
+cudaError_t LaunchMmaWgmmaMain(const SparseMlaParams& p, int num_splits, bool cluster_merge,
+                               cudaStream_t stream) {
   const dim3 grid(p.num_heads / kHeads, num_splits, p.batch);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  SparseMlaWgmmaKernel<<<grid, kThreads, kSmemBytes, stream>>>(p, scale_log2);
-  return cudaGetLastError();
+  return LaunchSplitKernel(SparseMlaWgmmaKernel, grid, kThreads, kSmemBytes, cluster_merge ? num_splits : 1, stream, p,
+                           scale_log2);
 }
 
 }  // namespace internal

@@ -19,8 +19,10 @@
 
 #include <cmath>
 
+#include "kernels/sparse_mla/sparse_mla_cluster_merge.cuh"
 #include "kernels/sparse_mla/sparse_mla_device.cuh"
 #include "kernels/sparse_mla/sparse_mla_kernels.h"
+#include "kernels/sparse_mla/sparse_mla_split_launch.h"
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "kernels/sparse_mla/sparse_mla_wgmma_ops.cuh"
 #endif
@@ -68,6 +70,9 @@ static_assert(kRawStage % 16 == 0 && kOffQ % 128 == 0 && kOffK % 128 == 0 && kOf
                   kOffP % 16 == 0 && kOffAlpha % 16 == 0,
               "alignment of shared regions");
 static_assert(kSmemBytes <= 227 * 1024, "fits sm_90's 227 KB per block");
+// The cluster merge's scratch (from offset 0: tiles and Q, all consumed by then) stays below the statistics the
+// peers read.
+static_assert(ClusterMergeScratchBytes(kHeads) <= kOffStatM, "room for the cluster merge");
 static_assert(kProducers * kProducerRegs + kConsumers * kConsumerRegs <= 65536, "register file");
 
 __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaWsKernel(const SparseMlaParams p, float scale_log2) {
@@ -326,8 +331,16 @@ __global__ void __launch_bounds__(kThreads, 1) SparseMlaWgmmaWsKernel(const Spar
     stat_lq[sm_head] = run_sum_q;
   }
   NamedBarSync(kBarConsumers, kConsumers);
-  StoreBlockOutput<1, 256, kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
-                                   /*mtile_head0=*/16 * wg_warp, /*dim0=*/256 * wg);
+  if (num_splits > 1 && ClusterBlocks() == num_splits) {  // the splits are one cluster: merge in place
+    // Consumers only (tid < kConsumers): the producer warpgroup has returned, which releases it from the
+    // cluster barriers; between them the consumers meet at their own named barrier.
+    ClusterMergeOutput<1, 256, kHeads, kConsumers>(p, o, stat_m, stat_l, stat_lq, b, head0, tid,
+                                                   /*mtile_head0=*/16 * wg_warp, /*dim0=*/256 * wg, smem,
+                                                   [] { NamedBarSync(kBarConsumers, kConsumers); });
+  } else {
+    StoreBlockOutput<1, 256, kHeads>(p, o, stat_m, stat_l, stat_lq, b, head0, split, num_splits, tid,
+                                     /*mtile_head0=*/16 * wg_warp, /*dim0=*/256 * wg);
+  }
 #endif
 }
 
@@ -337,15 +350,19 @@ namespace internal {
 
 int MmaWgmmaWsSmemBytes() { return kSmemBytes; }
 
-cudaError_t PrepareMmaWgmmaWsKernel() {
-  return cudaFuncSetAttribute(SparseMlaWgmmaWsKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+cudaError_t PrepareMmaWgmmaWsKernel() { return PrepareSplitKernel(SparseMlaWgmmaWsKernel, kSmemBytes); }
+
+int MmaWgmmaWsClusterCapacity(int num_splits) {
+  if (!MmaWgmmaBuilt()) return 0;  // the kernel is empty outside sm_90a builds
+  return SplitClusterCapacity(SparseMlaWgmmaWsKernel, kThreads, kSmemBytes, num_splits);
 }
 
-cudaError_t LaunchMmaWgmmaWsMain(const SparseMlaParams& p, int num_splits, cudaStream_t stream) {
+cudaError_t LaunchMmaWgmmaWsMain(const SparseMlaParams& p, int num_splits, bool cluster_merge,
+                                 cudaStream_t stream) {
   const dim3 grid(p.num_heads / kHeads, num_splits, p.batch);
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
-  SparseMlaWgmmaWsKernel<<<grid, kThreads, kSmemBytes, stream>>>(p, scale_log2);
-  return cudaGetLastError();
+  return LaunchSplitKernel(SparseMlaWgmmaWsKernel, grid, kThreads, kSmemBytes, cluster_merge ? num_splits : 1, stream, p,
+                           scale_log2);
 }
 
 }  // namespace internal

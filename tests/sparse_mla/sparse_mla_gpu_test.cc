@@ -304,7 +304,7 @@ INSTANTIATE_TEST_SUITE_P(
              {.wgmma = 1}),
         Case({.batch = 16, .heads = 64, .topk_window = 64, .topk_extra = 448, .page_rows_window = 256,
               .page_rows_extra = 2, .holes = 0.1, .empty_every = 5, .extreme = true, .sink = false, .seed = 153},
-             {.num_splits = 3, .wgmma = 1}),
+             {.num_splits = 3, .wgmma = 1, .cluster_merge = -1}),
         Case({.batch = 4, .heads = 64, .topk_window = 5, .topk_extra = 7, .page_rows_window = 1, .seed = 154},
              {.wgmma = 1}),
         Case({.batch = 128, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 155},
@@ -331,7 +331,7 @@ INSTANTIATE_TEST_SUITE_P(
              {.wgmma = 1, .wgmma_ws = 1}),
         Case({.batch = 9, .heads = 128, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .empty_every = 3,
               .seed = 165},
-             {.num_splits = 3, .wgmma = 1, .wgmma_ws = 1}),
+             {.num_splits = 3, .wgmma = 1, .wgmma_ws = 1, .cluster_merge = -1}),
         Case({.batch = 16, .heads = 64, .topk_window = 64, .topk_extra = 448, .page_rows_window = 256,
               .page_rows_extra = 2, .holes = 0.1, .empty_every = 5, .extreme = true, .seed = 168},
              {.num_splits = 3, .wgmma = 1, .wgmma_ws = 1}),
@@ -364,7 +364,23 @@ INSTANTIATE_TEST_SUITE_P(
         Case({.batch = 6, .heads = 32, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 176},
              {.num_splits = 5, .cluster_merge = 1}),
         Case({.batch = 3, .heads = 64, .topk_window = 20, .topk_extra = 12, .lengths = true, .seed = 177},
-             {.num_splits = 7, .warps = 8, .m_tiles = 4, .cluster_merge = 1})),
+             {.num_splits = 7, .warps = 8, .m_tiles = 4, .cluster_merge = 1}),
+        // Seventh pass: the cluster merge in both wgmma kernels (the warp-specialised one merges on its consumer
+        // warpgroups after the producer has returned): 2 to 8 splits, H = 128 (two clusters a sequence), empty
+        // and all-invalid sequences, the automatic split count of B = 48.
+        Case({.batch = 4, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .extreme = true,
+              .seed = 178},
+             {.num_splits = 2, .wgmma = 1, .wgmma_ws = 1, .cluster_merge = 1}),
+        Case({.batch = 3, .heads = 128, .topk_window = 128, .topk_extra = 872, .page_rows_extra = 256,
+              .lengths = true, .holes = 0.1, .empty_every = 3, .seed = 179},
+             {.num_splits = 4, .wgmma = 1, .wgmma_ws = -1, .cluster_merge = 1}),
+        Case({.batch = 2, .heads = 64, .topk_window = 128, .topk_extra = 872, .page_rows_window = 64,
+              .page_rows_extra = 256, .lengths = true, .seed = 184},
+             {.num_splits = 8, .wgmma = 1, .wgmma_ws = 1, .cluster_merge = 1}),
+        Case({.batch = 5, .heads = 64, .topk_window = 128, .topk_extra = 512, .empty_every = 1, .seed = 185},
+             {.num_splits = 3, .wgmma = 1, .wgmma_ws = 1, .cluster_merge = 1}),
+        Case({.batch = 48, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 186},
+             {.wgmma = 1, .cluster_merge = 1})),
     [](const ::testing::TestParamInfo<GpuCase>& info) {
       std::string name = info.param.spec.Name();
       if (info.param.options.tile_rows) name += "_tile" + std::to_string(info.param.options.tile_rows);
@@ -385,12 +401,14 @@ TEST(GpuSparseMlaGraph, CapturedLaunchMatchesDirectLaunch) {
   DeviceProblem dev(host);
   ASSERT_TRUE(dev.ok());
   // The wide kernel's combine without and with programmatic dependent launch, and the 8-warp kernel's.
-  // And the cluster merge with both mma.sync kernels (wide: 16-head blocks, 8-warp: 64-head blocks).
+  // And the cluster merge with both mma.sync kernels (wide: 16-head blocks, 8-warp: 64-head blocks) and both
+  // wgmma kernels.
   for (const SparseMlaPlanOptions options :
        {SparseMlaPlanOptions{.pdl = -1, .cluster_merge = -1}, SparseMlaPlanOptions{.pdl = 1, .cluster_merge = -1},
         SparseMlaPlanOptions{.warps = 8, .cluster_merge = -1}, SparseMlaPlanOptions{.wgmma = 1},
         SparseMlaPlanOptions{.wgmma = 1, .wgmma_ws = -1}, SparseMlaPlanOptions{.cluster_merge = 1},
-        SparseMlaPlanOptions{.warps = 8, .cluster_merge = 1}}) {
+        SparseMlaPlanOptions{.warps = 8, .cluster_merge = 1}, SparseMlaPlanOptions{.wgmma = 1, .cluster_merge = 1},
+        SparseMlaPlanOptions{.wgmma = 1, .wgmma_ws = -1, .cluster_merge = 1}}) {
     SCOPED_TRACE(::testing::Message() << "pdl " << options.pdl << ", warps " << options.warps << ", wgmma "
                                       << options.wgmma << ", wgmma_ws " << options.wgmma_ws << ", cluster_merge "
                                       << options.cluster_merge);
@@ -476,17 +494,17 @@ TEST(GpuSparseMlaLaunch, RejectsParamsThatDoNotFitThePlan) {
             absl::StatusCode::kOk);  // 16 heads: no 64-head block
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 32, {.cluster_merge = 2}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  // More splits than a cluster holds, and the wgmma kernels (they merge through the combine kernel).
+  // More splits than a cluster holds.
   EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 1, 64, 640, {.num_splits = 17, .cluster_merge = 1})
                 .status()
                 .code(),
             absl::StatusCode::kFailedPrecondition);
-  if (WgmmaRuns()) {
-    EXPECT_EQ(MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 640, {.num_splits = 2, .wgmma = 1,
-                                                                    .cluster_merge = 1})
-                  .status()
-                  .code(),
-              absl::StatusCode::kFailedPrecondition);
+  if (WgmmaRuns()) {  // the wgmma kernels merge in a cluster too (seventh pass)
+    auto wgmma = MakeSparseMlaPlan(SparseMlaKernel::kMma, 4, 64, 640, {.num_splits = 2, .wgmma = 1,
+                                                                        .cluster_merge = 1});
+    ASSERT_TRUE(wgmma.ok()) << wgmma.status();
+    EXPECT_TRUE(wgmma->wgmma && wgmma->cluster_merge);
+    EXPECT_EQ(wgmma->workspace_bytes, 0u);
   }
 }
 
@@ -507,6 +525,11 @@ TEST(GpuSparseMlaClusterMerge, SameBitsAsTheCombineKernel) {
        {.num_splits = 7, .warps = 8}},
       {{.batch = 4, .heads = 128, .topk_window = 128, .topk_extra = 512, .lengths = true, .seed = 183},
        {.num_splits = 3, .warps = 8, .m_tiles = 4}},
+      {{.batch = 4, .heads = 64, .topk_window = 128, .topk_extra = 512, .holes = 0.1, .seed = 187},
+       {.num_splits = 4, .wgmma = 1, .wgmma_ws = 1}},
+      {{.batch = 3, .heads = 128, .topk_window = 128, .topk_extra = 512, .lengths = true, .extreme = true,
+        .seed = 188},
+       {.num_splits = 2, .wgmma = 1, .wgmma_ws = -1}},
   };
   for (const MergeCase& c : cases) {
     SCOPED_TRACE(c.spec.Name());
@@ -517,6 +540,7 @@ TEST(GpuSparseMlaClusterMerge, SameBitsAsTheCombineKernel) {
     with_cluster.cluster_merge = 1;
     with_kernel.cluster_merge = -1;
     if (ClusterMergeUnavailable(c.spec, with_cluster)) continue;
+    if (c.options.wgmma == 1 && !WgmmaRuns()) continue;
     auto a = RunKernel(dev, c.spec, SparseMlaKernel::kMma, with_cluster);
     ASSERT_TRUE(a.ok()) << a.status();
     auto k = RunKernel(dev, c.spec, SparseMlaKernel::kMma, with_kernel);
@@ -524,6 +548,8 @@ TEST(GpuSparseMlaClusterMerge, SameBitsAsTheCombineKernel) {
     ASSERT_TRUE(a->plan.cluster_merge);
     ASSERT_FALSE(k->plan.cluster_merge);
     ASSERT_EQ(a->plan.num_splits, k->plan.num_splits);
+    ASSERT_EQ(a->plan.wgmma_ws, k->plan.wgmma_ws);
+    ASSERT_EQ(a->plan.wgmma, c.options.wgmma == 1);
     EXPECT_EQ(a->plan.workspace_bytes, 0u);
     size_t differ = 0;
     for (size_t i = 0; i < a->out.size(); ++i) differ += a->out[i] != k->out[i];
@@ -533,8 +559,9 @@ TEST(GpuSparseMlaClusterMerge, SameBitsAsTheCombineKernel) {
 }
 
 // The automatic plan's cluster merge (sm_90+): at most kMaxClusterSplits splits, every cluster of the batch
-// resident at once, taken only where the combine plan's blocks hold one tile and the cluster's at most two, and
-// no batch's critical path (tiles per split: one wave) longer than a larger batch's.
+// resident at once, taken only where the combine plan's blocks hold one tile and the cluster's at most two or
+// (kAutoClusterSameSplits) where it keeps the combine plan's split count, and no batch's critical path (tiles per
+// split: one wave) longer than a larger batch's.
 TEST(GpuSparseMlaPlan, ClusterMergeFitsOneWave) {
   DSV4_SKIP_WITHOUT_GPU();
   int device = 0, major = 0;
@@ -550,21 +577,30 @@ TEST(GpuSparseMlaPlan, ClusterMergeFitsOneWave) {
       ASSERT_TRUE(plan.ok()) << plan.status();
       if (!plan->cluster_merge) continue;
       ++clustered;
-      EXPECT_FALSE(plan->wgmma);
       EXPECT_GE(plan->num_splits, 2);
       EXPECT_LE(plan->num_splits, internal::kMaxClusterSplits);
       EXPECT_EQ(plan->workspace_bytes, 0u);
       const int64_t clusters = int64_t{batch} * plan->head_groups;
-      const int capacity = plan->warps == 16
-                               ? internal::MmaWideClusterCapacity(plan->m_tiles, plan->num_splits)
-                               : internal::MmaClusterCapacity(plan->m_tiles, plan->tile_rows, plan->num_splits);
+      const int capacity = plan->warps == 16 ? internal::MmaWideClusterCapacity(plan->m_tiles, plan->num_splits)
+                           : plan->wgmma_ws  ? internal::MmaWgmmaWsClusterCapacity(plan->num_splits)
+                           : plan->wgmma     ? internal::MmaWgmmaClusterCapacity(plan->num_splits)
+                                             : internal::MmaClusterCapacity(plan->m_tiles, plan->tile_rows,
+                                                                            plan->num_splits);
       EXPECT_GE(capacity, clusters);
       const int tiles = (640 + plan->tile_rows - 1) / plan->tile_rows;
       const int per_split = (tiles + plan->num_splits - 1) / plan->num_splits;
       auto combine = MakeSparseMlaPlan(SparseMlaKernel::kMma, batch, heads, 640, {.cluster_merge = -1});
       ASSERT_TRUE(combine.ok()) << combine.status();
-      EXPECT_EQ((tiles + combine->num_splits - 1) / combine->num_splits, 1);
-      EXPECT_LE(per_split, 2);
+      const int combine_per_split = (tiles + combine->num_splits - 1) / combine->num_splits;
+      if (plan->num_splits == combine->num_splits) {
+        // The same-splits rule: the same kernel and blocks as the combine plan, only the merge differs.
+        EXPECT_EQ(plan->wgmma, combine->wgmma);
+        EXPECT_EQ(plan->warps, combine->warps);
+      } else {
+        EXPECT_FALSE(plan->wgmma);
+        EXPECT_EQ(combine_per_split, 1);
+        EXPECT_LE(per_split, 2);
+      }
       if (batch >= 10 && prev_per_split != 1 << 30) {
         EXPECT_GE(per_split, prev_per_split);
       }
