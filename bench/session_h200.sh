@@ -6,7 +6,7 @@
 #          build-h200/bench/gemm/dsv4-gemm-bench && cp bench/decode/run_h200.sh .gpu/decode-bench/
 # There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench or, as
 #        scripts/bundle-h200.sh makes it in one go, .gpu/decode-bench.tar.xz)
-# STEPS: any of suite decode singles decode_a pdl (default: the first four, ~8 minutes). Logs under OUT.
+# STEPS: any of suite decode singles decode_a pdl wgmma_linear (default: the first four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
 mkdir -p "$OUT"
@@ -28,6 +28,19 @@ for s in $STEPS; do
              --comm-latency-us=20 --context=8192 --batches=1,8,64 --json="$OUT/pdl_$v.json" > "$OUT/pdl_$v.txt" 2>&1
            echo "DSV4_PDL=$v rc=$?"; grep -E '^\| *(1|8|64) \|' "$OUT/pdl_$v.txt"
          done ;;
+    wgmma_linear)  # the sm_90a wgmma FP8 linear (kernels/cuda/linear_wgmma.cu): single weights and fused groups
+      # at 16-256 tokens with its variants beside the mma.sync plan ("mma", "wgmma", "wgmma rt1", clusters), then the
+      # TP 4 step at B = 32-256 with it off / on (DSV4_LINEAR_WGMMA)
+      LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 .gpu/decode-bench/bin/dsv4-gemm-bench \
+        --config=configs/flash.json --peers=false --tokens=16,32,33,64,128,256 --reps=20 --warmup_ms=2 \
+        --json="$OUT/wgmma.json" > "$OUT/wgmma.md" 2> "$OUT/wgmma.err"; echo "gemm rc=$?"
+      for v in 0 1; do
+        DSV4_LINEAR_WGMMA=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 120 .gpu/decode-bench/bin/dsv4-decode-bench \
+          --config=configs/flash.json --simulate-rank=0 --simulate-world=4 --comm-busbw-gbs=146 \
+          --comm-latency-us=20 --context=8192 --batches=32,64,128,256 --json="$OUT/wgmma_step_$v.json" \
+          > "$OUT/wgmma_step_$v.txt" 2>&1
+        echo "DSV4_LINEAR_WGMMA=$v rc=$?"; grep -E '^\| *(32|64|128|256) \|' "$OUT/wgmma_step_$v.txt"
+      done ;;
     *) echo "unknown step $s" ;;
   esac
 done
