@@ -373,13 +373,9 @@ int WgmmaMaxActiveClusters(int cluster) {
     config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
     config.blockDim = dim3(kThreads);
     config.dynamicSmemBytes = static_cast<size_t>(smem);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = static_cast<unsigned>(cluster);
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
+    cudaLaunchAttribute attr;
+    SetClusterX(config, attr, cluster);
+    config.numAttrs = 1;  // the query wants the cluster shape, 1 included
     if (cudaOccupancyMaxActiveClusters(&count, LinearWgmmaKernel, &config) != cudaSuccess) {
       static_cast<void>(cudaGetLastError());
       count = 0;
@@ -405,13 +401,8 @@ cudaError_t LaunchLinearWgmmaKernel(const FusedLinearParams& p, cudaStream_t str
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = static_cast<size_t>(WgmmaSharedBytes(pl.k_slice, pl.cluster));
   config.stream = stream;
-  cudaLaunchAttribute cluster_dim[1];
-  cluster_dim[0].id = cudaLaunchAttributeClusterDimension;
-  cluster_dim[0].val.clusterDim.x = static_cast<unsigned>(pl.cluster);
-  cluster_dim[0].val.clusterDim.y = 1;
-  cluster_dim[0].val.clusterDim.z = 1;
-  config.attrs = cluster_dim;
-  config.numAttrs = pl.cluster > 1 ? 1 : 0;
+  cudaLaunchAttribute cluster_dim;
+  SetClusterX(config, cluster_dim, pl.cluster);
   return LaunchPdlConfig(config, LinearWgmmaKernel, p);
 }
 
