@@ -520,6 +520,9 @@ void RunShape(Ctx& ctx, const Shape& sh) {
         LinearPlan one_tile = *wgmma_plan;  // x staged for every tile: what row_tiles saves
         one_tile.row_tiles = 1;
         add_plan("wgmma rt1", one_tile);
+        LinearPlan other_tile = *wgmma_plan;  // the other token tile (16 <-> 64 tokens a block)
+        other_tile.n_tiles = wgmma_plan->n_tiles == 2 ? 8 : 2;
+        if (kernels::cuda::CheckWgmmaPlan(other_tile, t, K, group_rows).ok()) add_plan("wgmma other tile", other_tile);
         for (const int c : {wgmma_plan->cluster / 2, wgmma_plan->cluster * 2}) {
           LinearPlan q = *wgmma_plan;
           q.cluster = c;
@@ -989,7 +992,8 @@ int Main() {
             s.groups <= 8 && (s.groups == 1 || s.n % 64 == 0)) {
           if (const auto w = kernels::cuda::PlanWgmmaLinear(t, rows, s.k, sms)) {
             std::printf("         sm_90a: %s, %lld bytes of shared memory\n", kernels::cuda::LinearPlanName(*w).c_str(),
-                        static_cast<long long>(kernels::cuda::internal::WgmmaSharedBytes(w->k_slice, w->cluster)));
+                        static_cast<long long>(kernels::cuda::internal::WgmmaSharedBytes(w->k_slice, w->cluster,
+                                                                                  8 * w->n_tiles)));
           }
         }
       }

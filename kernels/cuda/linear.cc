@@ -94,7 +94,7 @@ absl::Status CheckPlan(const LinearPlan& pl, int64_t t, int64_t n, int64_t k, in
 
 std::string LinearPlanName(const LinearPlan& pl) {
   if (pl.kernel == LinearKernel::kWgmma) {
-    return absl::StrCat("wgmma c", pl.cluster, " ks", pl.k_slice, " rt", pl.row_tiles);
+    return absl::StrCat("wgmma n", 8 * pl.n_tiles, " c", pl.cluster, " ks", pl.k_slice, " rt", pl.row_tiles);
   }
   if (pl.kernel == LinearKernel::kTiled) {
     return absl::StrCat("tiled m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k);

@@ -94,6 +94,8 @@ bool LinearWgmmaEnabled();
 // Tests: 1 / 0 force the automatic choice of the wgmma kernel on (where built) / off, -1 returns it to the device
 // and the environment.
 void SetLinearWgmmaForTesting(int enabled);
+// Tokens a block of PlanWgmmaLinear's plan takes at T tokens: 16 up to 16 tokens, 64 above.
+int WgmmaTileTokens(int64_t t);
 // max_clusters[i]: clusters of 2^i of the kernel's blocks the device holds at once (empty: sms / 2^i).
 std::optional<LinearPlan> PlanWgmmaLinear(int64_t t, std::span<const int64_t> rows, int64_t k, int sms,
                                           std::span<const int> max_clusters = {});

@@ -191,7 +191,7 @@ absl::Status LaunchFusedWeights(std::span<const FusedWeightRef> refs, const ActV
   const int64_t x_esize = x_bf16 ? 2 : 4;
   FusedLinearParams p;
   p.x = x.data, p.x_bf16 = x_bf16, p.x_stride = x_stride, p.t = t, p.k = k;
-  p.x_rows = wgmma ? std::min<int64_t>(t, kWgmmaTokens) : XRows(t, plan.n_tiles);
+  p.x_rows = wgmma ? std::min<int64_t>(t, WgmmaPlanTokens(plan)) : XRows(t, plan.n_tiles);
   p.count = static_cast<int>(refs.size());
   p.plan = plan;
   const int64_t rows_per_block = wgmma ? int64_t{kWgmmaRows} : int64_t{16} * plan.warps_m;
@@ -252,11 +252,13 @@ std::optional<LinearPlan> AutoWgmmaPlan(std::span<const FusedWeightRef> refs, co
 }
 
 std::optional<LinearPlan> DeviceWgmmaPlan(int64_t t, std::span<const int64_t> rows, int64_t k) {
-  // How many clusters of each size fit at once (a cluster of 8 needs 8 free SMs of one GPC): read once per device.
+  // How many clusters of each size fit at once (a cluster of 8 needs 8 free SMs of one GPC): read once per device
+  // for the token tile PlanWgmmaLinear takes at this T.
+  const int tokens = WgmmaTileTokens(t);
   std::array<int, 4> max_clusters{};
   bool known = true;
   for (int i = 0; i < 4; ++i) {
-    max_clusters[static_cast<size_t>(i)] = internal::WgmmaMaxActiveClusters(1 << i);
+    max_clusters[static_cast<size_t>(i)] = internal::WgmmaMaxActiveClusters(1 << i, tokens);
     known = known && max_clusters[static_cast<size_t>(i)] > 0;
   }
   return PlanWgmmaLinear(t, rows, k, CurrentDeviceSms(),

@@ -59,7 +59,7 @@ inline constexpr int kMaxStages = 4;
 // block-scale row must be 64-aligned so each warpgroup reads one scale per 128-wide step), tokens per block (wgmma
 // N), the largest K slice a block stages (x [64, k_slice] bf16 = 128 KB) and the weight ring's depth.
 inline constexpr int kWgmmaRows = 128;
-inline constexpr int kWgmmaTokens = 64;
+inline constexpr int kWgmmaTokens = 64;  // the largest token tile; 16 is the other (LinearPlan::n_tiles 2 / 8)
 inline constexpr int64_t kWgmmaMaxKSlice = 1024;
 inline constexpr int kWgmmaStages = 4;
 
@@ -87,9 +87,13 @@ struct LinearPlan {
   // per 2 elements), true = the bit moves of e4m3_bits.h (3; values scaled by 2^-120, undone in fp32).
   bool bit_dequant = false;
   // kWgmma: 128-row tiles one block computes in turn (1..), so the x slice it stages serves all of them (x is read
-  // from L2 once per block, not once per tile); cluster and k_slice as kSplitK.
+  // from L2 once per block, not once per tile); cluster and k_slice as kSplitK; n_tiles 2 or 8: 16 or 64 tokens a
+  // block (WgmmaPlanTokens).
   int row_tiles = 1;
 };
+
+// Tokens a block of a kWgmma plan takes (wgmma N): 8 * n_tiles, 16 or 64.
+inline int WgmmaPlanTokens(const LinearPlan& plan) { return 8 * plan.n_tiles; }
 
 // LinearPlan::min_blocks of the multi-weight kernel: the default build (2 blocks, two weight steps in flight per
 // warp, as LinearSplitKernel) and the lean one (4 blocks, one step in flight, <= 64 registers; up to 8 tokens).
@@ -152,11 +156,11 @@ int64_t FusedSharedBytes(const LinearPlan& plan, int64_t x_rows);
 // The wgmma kernel (linear_wgmma.cu) over the entries of `p` (a kWgmma plan, checked by the caller): whether this
 // build has it (90a in CMAKE_CUDA_ARCHITECTURES), its dynamic shared memory for a K slice, and its launch.
 bool LinearWgmmaBuilt();
-int64_t WgmmaSharedBytes(int64_t k_slice, int cluster);
+int64_t WgmmaSharedBytes(int64_t k_slice, int cluster, int tokens);
 cudaError_t LaunchLinearWgmmaKernel(const FusedLinearParams& p, cudaStream_t stream);
 // Clusters of `cluster` (1, 2, 4, 8) of the kernel's largest blocks the current device holds at once
 // (cudaOccupancyMaxActiveClusters); 0 where it cannot say.
-int WgmmaMaxActiveClusters(int cluster);
+int WgmmaMaxActiveClusters(int cluster, int tokens);
 // Enqueues the kernel for `p` (sizes already validated); returns the launch error, if any.
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream);
 // Dynamic shared memory the tensor-core kernel of `plan` takes (kTiled: the split-K reduction; kSplitK: the x

@@ -71,8 +71,12 @@ absl::Status CheckWgmmaPlan(const LinearPlan& pl, int64_t t, int64_t k, std::spa
     return absl::FailedPreconditionError(
         "wgmma linear: this build has no sm_90a kernels (add 90a to CMAKE_CUDA_ARCHITECTURES)");
   }
+  if (pl.n_tiles != 2 && pl.n_tiles != 8) {
+    return absl::InvalidArgumentError(absl::StrCat("wgmma linear plan: ", LinearPlanName(pl),
+                                                   " has no kernel (16 or 64 tokens a block: n_tiles 2 or 8)"));
+  }
   if (rows.empty() || rows.size() > static_cast<size_t>(kFusedMaxWeights) || t < 1 ||
-      CeilDiv(t, kWgmmaTokens) > 65535) {
+      CeilDiv(t, WgmmaPlanTokens(pl)) > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("wgmma linear: ", rows.size(), " weights and ", t,
                                                    " tokens (1..", kFusedMaxWeights, " weights)"));
   }
@@ -93,6 +97,8 @@ absl::Status CheckWgmmaPlan(const LinearPlan& pl, int64_t t, int64_t k, std::spa
   return absl::OkStatus();
 }
 
+int WgmmaTileTokens(int64_t t) { return t <= 16 ? 16 : kWgmmaTokens; }
+
 // For each cluster whose K slice fits (<= kWgmmaMaxKSlice): as many blocks as fill one wave (one block per SM: its
 // shared memory is 128-224 KB; max_clusters[log2 c], where given, is how many clusters of c such blocks the device
 // holds at once - a cluster of 8 needs 8 free SMs of one GPC, so fewer than sms / 8 may fit), each taking row_tiles
@@ -108,7 +114,9 @@ std::optional<LinearPlan> PlanWgmmaLinear(int64_t t, std::span<const int64_t> ro
     if (r < 1) return std::nullopt;
     tiles += CeilDiv(r, kWgmmaRows);
   }
-  const int64_t token_blocks = CeilDiv(t, kWgmmaTokens);
+  const int tokens = WgmmaTileTokens(t);
+  const int64_t token_blocks = CeilDiv(t, tokens);
+  const int64_t block_tokens = std::min<int64_t>(t, tokens);  // x rows a block stages
   const int64_t chunks = k / 128;
   std::optional<LinearPlan> best;
   int64_t best_cost = 0;
@@ -122,11 +130,13 @@ std::optional<LinearPlan> PlanWgmmaLinear(int64_t t, std::span<const int64_t> ro
     const int64_t groups = std::clamp<int64_t>(resident / token_blocks, 1, tiles);  // clusters per token block
     const int64_t row_tiles = CeilDiv(tiles, groups);
     const int64_t clusters = CeilDiv(tiles, row_tiles) * token_blocks;
-    const int64_t per_block = (row_tiles + 1) * steps + kBlockOverheadSteps +
+    const int64_t x_steps = CeilDiv(steps * block_tokens, kWgmmaTokens);  // staging: one pass at 64 tokens
+    const int64_t per_block = row_tiles * steps + x_steps + kBlockOverheadSteps +
                               (cluster > 1 ? kClusterOverheadSteps * row_tiles : 0);
     const int64_t cost = CeilDiv(clusters, resident) * per_block;
     if (!best || cost < best_cost) {
-      LinearPlan plan{.kernel = LinearKernel::kWgmma, .cluster = cluster, .k_slice = steps * 128};
+      LinearPlan plan{.kernel = LinearKernel::kWgmma, .n_tiles = tokens / 8, .cluster = cluster,
+                      .k_slice = steps * 128};
       plan.row_tiles = static_cast<int>(row_tiles);
       best = plan;
       best_cost = cost;

@@ -44,14 +44,15 @@ namespace dsv4::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;                       // two warpgroups
-constexpr int kTok = kWgmmaTokens;                  // 64 tokens: wgmma N
 constexpr int kStageBytes = kWgmmaRows * 128;       // 128 rows x 128 e4m3
 constexpr int kRingBytes = kWgmmaStages * kStageBytes;
 constexpr int kRedStride = kWgmmaRows + 4;          // floats a token row of the cluster reduction's sums
-constexpr int kRedBytes = kTok * kRedStride * 4;    // [64][132] f32
 
-// x slice bytes: [k_slice / 8 chunks][64 tokens][16 bytes].
-__host__ __device__ constexpr int64_t XSliceBytes(int64_t k_slice) { return k_slice * kTok * 2; }
+// Shared memory of a block with kTok tokens (wgmma N: 16 or 64): the x slice [k_slice / 8 chunks][kTok][16 bytes],
+// the ring, and for a cluster the reduction's [kTok][132] f32.
+__host__ __device__ constexpr int64_t SharedBytesFor(int tokens, int64_t k_slice, int cluster) {
+  return k_slice * tokens * 2 + kRingBytes + (cluster > 1 ? int64_t{tokens} * kRedStride * 4 : 0);
+}
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 using sparse_mla::device::FenceProxyAsync;
@@ -77,6 +78,27 @@ __device__ __forceinline__ void WgmmaM64N64RsK(float (&d)[32], const uint32_t (&
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
         "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+// The same for m64n16k16 (16 tokens).
+__device__ __forceinline__ void WgmmaM64N16RsK(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\n"
+      "setp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7}, {%8,%9,%10,%11}, %12, p, 1, 1, 0;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));
+}
+
+template <int kTok>
+__device__ __forceinline__ void WgmmaRsK(float (&d)[kTok / 2], const uint32_t (&a)[4], uint64_t desc_b, int scale_d) {
+  if constexpr (kTok == 64) {
+    WgmmaM64N64RsK(d, a, desc_b, scale_d);
+  } else {
+    static_assert(kTok == 16, "token tiles of 16 or 64");
+    WgmmaM64N16RsK(d, a, desc_b, scale_d);
+  }
 }
 
 // Four floats at `local`'s offset (16-byte aligned) in the shared memory of cluster block `rank`.
@@ -106,7 +128,11 @@ __device__ __forceinline__ void PermuteX16(const float (&v)[16], uint4& c0, uint
 }
 #endif
 
-__global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_constant__ FusedLinearParams p) {
+// kTok: tokens per block (wgmma N). 64 for 33+ tokens; 16 for few tokens, whose block (<= 105 KB of shared memory,
+// 8 accumulators a thread) fits twice on an SM.
+template <int kTok>
+__global__ void __launch_bounds__(kThreads, kTok == 16 ? 2 : 1)
+    LinearWgmmaKernel(const __grid_constant__ FusedLinearParams p) {
   PdlEnter();
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem[];
@@ -128,7 +154,7 @@ __global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_co
   const int tiles = static_cast<int>(total_tiles - tile0 < p.plan.row_tiles ? total_tiles - tile0 : p.plan.row_tiles);
   const int steps = tiles * chunks;
   unsigned char* xs = smem;
-  unsigned char* ring = smem + XSliceBytes(k_slice);
+  unsigned char* ring = smem + k_slice * kTok * 2;
   float* red = reinterpret_cast<float*>(ring + kRingBytes);  // cluster > 1 only
   const uint32_t xs_addr = SharedAddress(xs), ring_addr = SharedAddress(ring);
 
@@ -173,14 +199,15 @@ __global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_co
   // before the first conversion (x comes from L2: one item at a time would pay its latency per item).
   constexpr int kXBatch = 4;
   auto stage_x = [&](int64_t x_col) {
-    const int items = (kTok / 8) * (chunks * 2);  // chunks * 8 groups of 16, 4 per item
+    constexpr int kTokBlocks = kTok / 8;
+    const int items = kTokBlocks * (chunks * 2);  // chunks * 8 groups of 16, 4 per item
     for (int base = warp; base < items; base += kXBatch * (kThreads / 32)) {
       float4 raw[kXBatch][4];
 #pragma unroll
       for (int b = 0; b < kXBatch; ++b) {
         const int it = base + b * (kThreads / 32);
-        const int tok = (it & 7) * 8 + (lane & 7);
-        const int grp = (it >> 3) * 4 + (lane >> 3);
+        const int tok = (it % kTokBlocks) * 8 + (lane & 7);
+        const int grp = (it / kTokBlocks) * 4 + (lane >> 3);
         if (it < items && tok < tok_rows) {
           const int64_t off = (tok0 + tok) * p.x_stride + x_col + k0 + 16 * grp;
           if (p.x_bf16) {
@@ -200,8 +227,8 @@ __global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_co
       for (int b = 0; b < kXBatch; ++b) {
         const int it = base + b * (kThreads / 32);
         if (it >= items) break;
-        const int tok = (it & 7) * 8 + (lane & 7);
-        const int grp = (it >> 3) * 4 + (lane >> 3);
+        const int tok = (it % kTokBlocks) * 8 + (lane & 7);
+        const int grp = (it / kTokBlocks) * 4 + (lane >> 3);
         float v[16];
         if (p.x_bf16) {  // 16 bf16 in raw[b][0..1]; zeros (padding tokens) stay zeros
 #pragma unroll
@@ -235,9 +262,10 @@ __global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_co
   const int lunit = lane >> 4;
   // acc[4j + h]: tile row 64 wg + 16 wg_warp + g (+ 8 for h >= 2), token 8j + 2 t4 + (h & 1).
   const int row_l = 64 * wg + 16 * wg_warp + g;
-  float part[32];  // a step's partial sums (overwritten by its first wgmma)
+  constexpr int kAcc = kTok / 2;  // accumulators a thread: tokens 8j + 2 t4 + {0, 1}, rows g and g + 8
+  float part[kAcc];  // a step's partial sums (overwritten by its first wgmma)
 #pragma unroll
-  for (int i = 0; i < 32; ++i) part[i] = 0.f;
+  for (int i = 0; i < kAcc; ++i) part[i] = 0.f;
   int64_t staged_col = -1;
 
   for (int ti = 0; ti < tiles; ++ti) {
@@ -253,9 +281,9 @@ __global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_co
     // This warpgroup's block-scale row (its 64 rows lie in one 128-row scale block: host-checked alignment).
     const int64_t wg_row = blk_row0 + 64 * wg < n ? blk_row0 + 64 * wg : n - 1;
     const float* scale = e.scale + ((e.scale_row0 + wg_row) / kScaleBlock) * e.scale_cols + k0 / 128;
-    float acc[32];
+    float acc[kAcc];
 #pragma unroll
-    for (int i = 0; i < 32; ++i) acc[i] = 0.f;
+    for (int i = 0; i < kAcc; ++i) acc[i] = 0.f;
 
     // One 128-wide step: 8 wgmmas into the partial sum, then acc += scale * partial. Each warpgroup waits for its
     // own step before folding (ptxas serialises every wgmma when the fold reads a second accumulator set while
@@ -284,17 +312,17 @@ __global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_co
       for (int s = 0; s < 8; ++s) {
         const int chunk = 16 * c + 2 * s;  // first 8-wide x chunk of this k16 step
         const uint64_t db = SmemDesc(xs_addr + chunk * kTok * 16, kTok * 16, 128);
-        WgmmaM64N64RsK(part, a[s], db, s > 0);
+        WgmmaRsK<kTok>(part, a[s], db, s > 0);
       }
       WgmmaCommit();
       WgmmaWaitAll();
 #pragma unroll
-      for (int i = 0; i < 32; ++i) acc[i] = fmaf(part[i], sc, acc[i]);
+      for (int i = 0; i < kAcc; ++i) acc[i] = fmaf(part[i], sc, acc[i]);
     }
 
     if (cluster == 1) {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kTok / 8; ++j) {
 #pragma unroll
         for (int h = 0; h < 4; ++h) {
           const int tok = 8 * j + 2 * t4 + (h & 1);
@@ -305,17 +333,17 @@ __global__ void __launch_bounds__(kThreads, 1) LinearWgmmaKernel(const __grid_co
       continue;
     }
     // K split over the cluster: park the sums (rows padded to kRedStride: conflict-free stores), then block q adds
-    // tokens [q 64 / c, (q + 1) 64 / c) of every block in rank order (fixed: deterministic), 4 rows a thread with
+    // tokens [q kTok / c, (q + 1) kTok / c) of every block in rank order (fixed: deterministic), 4 rows a thread with
     // all the cluster's loads in flight before the sum.
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kTok / 8; ++j) {
 #pragma unroll
       for (int h = 0; h < 4; ++h) {
         red[(8 * j + 2 * t4 + (h & 1)) * kRedStride + row_l + 8 * (h >> 1)] = acc[4 * j + h];
       }
     }
     ClusterSync();
-    const int per_rank = kTok / cluster;  // cluster in {2, 4, 8}
+    const int per_rank = kTok / cluster;  // cluster in {2, 4, 8}: 2..32 tokens
     for (int i = tid; i < per_rank * (kWgmmaRows / 4); i += kThreads) {
       const int tok = rank * per_rank + i / (kWgmmaRows / 4), r = (i % (kWgmmaRows / 4)) * 4;
       float4 v[8];
@@ -355,20 +383,20 @@ bool LinearWgmmaBuilt() {
 #endif
 }
 
-int64_t WgmmaSharedBytes(int64_t k_slice, int cluster) {
-  return XSliceBytes(k_slice) + kRingBytes + (cluster > 1 ? kRedBytes : 0);
-}
+int64_t WgmmaSharedBytes(int64_t k_slice, int cluster, int tokens) { return SharedBytesFor(tokens, k_slice, cluster); }
 
-int WgmmaMaxActiveClusters(int cluster) {
-  if (!LinearWgmmaBuilt() || (cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8)) return 0;
+namespace {
+
+template <int kTok>
+int MaxActiveClusters(int cluster) {
   int device = 0;
   if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
   static std::atomic<int> known[64][4] = {};  // value + 1; 0 = not asked yet
   const int slot = cluster == 1 ? 0 : cluster == 2 ? 1 : cluster == 4 ? 2 : 3;
   if (const int v = known[device][slot].load(std::memory_order_relaxed); v != 0) return v - 1;
-  const int64_t smem = WgmmaSharedBytes(kWgmmaMaxKSlice, 2);  // the largest block: a conservative count
+  const int64_t smem = SharedBytesFor(kTok, kWgmmaMaxKSlice, 2);  // the largest block: a conservative count
   int count = 0;
-  if (RaiseSharedLimitOnce<LinearWgmmaKernel>(smem) == cudaSuccess) {
+  if (RaiseSharedLimitOnce<LinearWgmmaKernel<kTok>>(smem) == cudaSuccess) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
     config.blockDim = dim3(kThreads);
@@ -376,7 +404,7 @@ int WgmmaMaxActiveClusters(int cluster) {
     cudaLaunchAttribute attr;
     SetClusterX(config, attr, cluster);
     config.numAttrs = 1;  // the query wants the cluster shape, 1 included
-    if (cudaOccupancyMaxActiveClusters(&count, LinearWgmmaKernel, &config) != cudaSuccess) {
+    if (cudaOccupancyMaxActiveClusters(&count, LinearWgmmaKernel<kTok>, &config) != cudaSuccess) {
       static_cast<void>(cudaGetLastError());
       count = 0;
     }
@@ -385,13 +413,11 @@ int WgmmaMaxActiveClusters(int cluster) {
   return count;
 }
 
-cudaError_t LaunchLinearWgmmaKernel(const FusedLinearParams& p, cudaStream_t stream) {
-  if (!LinearWgmmaBuilt()) return cudaErrorNotSupported;
+template <int kTok>
+cudaError_t Launch(const FusedLinearParams& p, cudaStream_t stream) {
   const LinearPlan& pl = p.plan;
-  if (p.count < 1 || p.count > kFusedMaxWeights || pl.kernel != LinearKernel::kWgmma) return cudaErrorInvalidValue;
-  if (pl.row_tiles < 1) return cudaErrorInvalidValue;
-  const int64_t smem = WgmmaSharedBytes(kWgmmaMaxKSlice, 2);
-  if (const cudaError_t err = RaiseSharedLimitOnce<LinearWgmmaKernel>(smem); err != cudaSuccess) return err;
+  const int64_t smem = SharedBytesFor(kTok, kWgmmaMaxKSlice, 2);
+  if (const cudaError_t err = RaiseSharedLimitOnce<LinearWgmmaKernel<kTok>>(smem); err != cudaSuccess) return err;
   const FusedLinearEntry& last = p.e[p.count - 1];
   const int64_t tiles = last.block0 + (last.n + kWgmmaRows - 1) / kWgmmaRows;
   const int64_t blocks = (tiles + pl.row_tiles - 1) / pl.row_tiles;
@@ -399,11 +425,32 @@ cudaError_t LaunchLinearWgmmaKernel(const FusedLinearParams& p, cudaStream_t str
   config.gridDim = dim3(static_cast<unsigned>(pl.cluster), static_cast<unsigned>((p.t + kTok - 1) / kTok),
                         static_cast<unsigned>(blocks));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(WgmmaSharedBytes(pl.k_slice, pl.cluster));
+  config.dynamicSmemBytes = static_cast<size_t>(SharedBytesFor(kTok, pl.k_slice, pl.cluster));
   config.stream = stream;
   cudaLaunchAttribute cluster_dim;
   SetClusterX(config, cluster_dim, pl.cluster);
-  return LaunchPdlConfig(config, LinearWgmmaKernel, p);
+  return LaunchPdlConfig(config, LinearWgmmaKernel<kTok>, p);
+}
+
+}  // namespace
+
+int WgmmaMaxActiveClusters(int cluster, int tokens) {
+  if (!LinearWgmmaBuilt() || (cluster != 1 && cluster != 2 && cluster != 4 && cluster != 8)) return 0;
+  if (tokens == 16) return MaxActiveClusters<16>(cluster);
+  return tokens == 64 ? MaxActiveClusters<64>(cluster) : 0;
+}
+
+cudaError_t LaunchLinearWgmmaKernel(const FusedLinearParams& p, cudaStream_t stream) {
+  if (!LinearWgmmaBuilt()) return cudaErrorNotSupported;
+  const LinearPlan& pl = p.plan;
+  if (p.count < 1 || p.count > kFusedMaxWeights || pl.kernel != LinearKernel::kWgmma || pl.row_tiles < 1) {
+    return cudaErrorInvalidValue;
+  }
+  switch (WgmmaPlanTokens(pl)) {
+    case 16: return Launch<16>(p, stream);
+    case 64: return Launch<64>(p, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 }  // namespace internal

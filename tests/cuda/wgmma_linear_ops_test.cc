@@ -53,20 +53,23 @@ const WeightFormat kFp8 = WeightFormat::kFp8Block128;
                     "DSV4_LINEAR_WGMMA not 0)";                                                \
   }
 
-// The plans the kernel can run for these sizes: PlanWgmmaLinear's, and every cluster whose slice fits with one, two
-// and three row tiles a block (three leaves a short last block where the tiles do not divide) and the largest slice.
+// The plans the kernel can run for these sizes: DeviceWgmmaPlan's, and for both token tiles (16 and 64 tokens a
+// block) every cluster whose slice fits with one, two and three row tiles a block (three leaves a short last block
+// where the tiles do not divide) and the largest slice.
 std::vector<LinearPlan> AllWgmmaPlans(int64_t t, std::span<const int64_t> rows, int64_t k) {
   std::vector<LinearPlan> plans;
   if (std::optional<LinearPlan> p = DeviceWgmmaPlan(t, rows, k)) plans.push_back(*p);
-  for (int cluster = 1; cluster <= 8; cluster *= 2) {
-    for (const int64_t k_slice : {((k / 128 + cluster - 1) / cluster) * 128, kWgmmaMaxKSlice}) {
-      for (const int row_tiles : {1, 2, 3}) {
-        LinearPlan pl{.kernel = LinearKernel::kWgmma, .cluster = cluster, .k_slice = k_slice};
-        pl.row_tiles = row_tiles;
-        if (!CheckWgmmaPlan(pl, t, k, rows).ok()) continue;
-        bool seen = false;
-        for (const LinearPlan& q : plans) seen = seen || LinearPlanName(q) == LinearPlanName(pl);
-        if (!seen) plans.push_back(pl);
+  for (const int n_tiles : {2, 8}) {
+    for (int cluster = 1; cluster <= 8; cluster *= 2) {
+      for (const int64_t k_slice : {((k / 128 + cluster - 1) / cluster) * 128, kWgmmaMaxKSlice}) {
+        for (const int row_tiles : {1, 2, 3}) {
+          LinearPlan pl{.kernel = LinearKernel::kWgmma, .n_tiles = n_tiles, .cluster = cluster, .k_slice = k_slice};
+          pl.row_tiles = row_tiles;
+          if (!CheckWgmmaPlan(pl, t, k, rows).ok()) continue;
+          bool seen = false;
+          for (const LinearPlan& q : plans) seen = seen || LinearPlanName(q) == LinearPlanName(pl);
+          if (!seen) plans.push_back(pl);
+        }
       }
     }
   }
@@ -150,7 +153,8 @@ void CheckEveryPlan(const Case& c) {
 
 TEST(WgmmaLinear, FlashShapesEverySplit) {
   DSV4_REQUIRE_WGMMA();
-  for (const int64_t t : {33, 64, 128}) CheckEveryPlan({.what = "wq_b", .n = 32768, .k = 1024, .t = t});
+  for (const int64_t t : {1, 8, 16, 33, 64, 128}) CheckEveryPlan({.what = "wq_b", .n = 32768, .k = 1024, .t = t});
+  CheckEveryPlan({.what = "wo_b 4 tokens", .n = 4096, .k = 8192, .t = 4});
   CheckEveryPlan({.what = "wo_b", .n = 4096, .k = 8192, .t = 64});
   CheckEveryPlan({.what = "wo_a groups 8", .n = 8192, .k = 4096, .t = 40, .groups = 8});
   CheckEveryPlan({.what = "wo_a tp4 groups 2", .n = 2048, .k = 4096, .t = 128, .groups = 2});
@@ -240,8 +244,8 @@ void CheckGroup(const Group& grp, const std::vector<LinearPlan>& forced) {
   }
 }
 
-LinearPlan Wgmma(int cluster, int64_t k_slice, int row_tiles) {
-  LinearPlan pl{.kernel = LinearKernel::kWgmma, .cluster = cluster, .k_slice = k_slice};
+LinearPlan Wgmma(int cluster, int64_t k_slice, int row_tiles, int tokens = 64) {
+  LinearPlan pl{.kernel = LinearKernel::kWgmma, .n_tiles = tokens / 8, .cluster = cluster, .k_slice = k_slice};
   pl.row_tiles = row_tiles;
   return pl;
 }
@@ -250,7 +254,7 @@ TEST(WgmmaLinear, SeveralWeightsInOneLaunch) {
   DSV4_REQUIRE_WGMMA();
   CheckGroup({.what = "c_q group", .rows = {8192, 8192}, .k = 1024, .t = 96}, {});
   CheckGroup({.what = "ragged weights", .rows = {520, 192, 64}, .k = 1024, .t = 70},
-             {Wgmma(2, 512, 3), Wgmma(1, 1024, 2), Wgmma(4, 256, 1), Wgmma(8, 128, 5)});
+             {Wgmma(2, 512, 3), Wgmma(1, 1024, 2), Wgmma(4, 256, 1), Wgmma(8, 128, 5), Wgmma(2, 512, 3, 16)});
   CheckGroup({.what = "shared w1+w3 prefill", .rows = {2048, 2048}, .k = 4096, .t = 300}, {Wgmma(4, 1024, 3)});
 }
 
@@ -308,7 +312,7 @@ TEST(WgmmaLinear, UnsuitableInputsFallBackOrAreRefused) {
   DSV4_REQUIRE_WGMMA();
   auto b = GetBackends();
   auto& gpu = static_cast<CudaBackend&>(b.cuda);
-  const LinearPlan forced{.kernel = LinearKernel::kWgmma, .cluster = 1, .k_slice = 1024};
+  const LinearPlan forced{.kernel = LinearKernel::kWgmma, .n_tiles = 8, .cluster = 1, .k_slice = 1024};
   {  // groups of 40 rows: a group's rows do not start on a 64-row boundary
     const Case c{.what = "groups of 40 rows", .n = 80, .k = 256, .t = 64, .groups = 2};
     const Prepared s = Prepare(c);
@@ -332,7 +336,7 @@ TEST(WgmmaLinear, UnsuitableInputsFallBackOrAreRefused) {
     auto w = b.cuda.PrepareLinear(h.view);
     ASSERT_TRUE(w.ok());
     Buffer x = Upload(b.cuda, RandomNormal(rng, 64 * 512)), y = testing::Poisoned(gpu, 64 * 256);
-    const LinearPlan bf16_plan{.kernel = LinearKernel::kWgmma, .cluster = 1, .k_slice = 512};
+    const LinearPlan bf16_plan{.kernel = LinearKernel::kWgmma, .n_tiles = 8, .cluster = 1, .k_slice = 512};
     const absl::Status st =
         LaunchLinearWithPlan({.w = w->get(), .x = {.data = x.data()}, .y = y.as<float>(), .t = 64}, &bf16_plan,
                              gpu.stream());
@@ -370,16 +374,25 @@ TEST(WgmmaLinearPlan, FlashShapes) {
       }
     }
   }
-  {  // plans over the kernel's limits: cluster 3, a slice above 1024, slices that do not cover K, no row tile
+  {  // plans over the kernel's limits: cluster 3, a slice above 1024, slices that do not cover K, no row tile, a
+     // token tile it has no build for (32); the good plan they vary passes
     const std::vector<int64_t> rows = {256};
-    LinearPlan no_tiles{.kernel = LinearKernel::kWgmma, .cluster = 1, .k_slice = 1024};
+    const LinearPlan good{.kernel = LinearKernel::kWgmma, .n_tiles = 8, .cluster = 2, .k_slice = 512};
+    EXPECT_TRUE(CheckWgmmaPlan(good, 64, 1024, rows).ok());
+    LinearPlan c3 = good, big_slice = good, short_k = good, no_tiles = good, tok32 = good;
+    c3.cluster = 3;
+    big_slice.cluster = 1, big_slice.k_slice = 2048;
+    short_k.k_slice = 256;
     no_tiles.row_tiles = 0;
-    for (const LinearPlan& bad : {LinearPlan{.kernel = LinearKernel::kWgmma, .cluster = 3, .k_slice = 512},
-                                  LinearPlan{.kernel = LinearKernel::kWgmma, .cluster = 1, .k_slice = 2048},
-                                  LinearPlan{.kernel = LinearKernel::kWgmma, .cluster = 2, .k_slice = 256}, no_tiles}) {
+    tok32.n_tiles = 4;
+    for (const LinearPlan& bad : {c3, big_slice, short_k, no_tiles, tok32}) {
       EXPECT_EQ(CheckWgmmaPlan(bad, 64, 1024, rows).code(), absl::StatusCode::kInvalidArgument)
           << LinearPlanName(bad);
     }
+  }
+  // The token tile: 16 tokens a block up to 16 tokens, 64 above.
+  for (const int64_t t : {1, 8, 16, 17, 64}) {
+    EXPECT_EQ(WgmmaPlanTokens(*PlanWgmmaLinear(t, std::vector<int64_t>{4096}, 4096, 132)), t <= 16 ? 16 : 64) << t;
   }
   {  // the device's cluster capacity: wo_b at 64 tokens needs clusters of 8; with 14 of them resident (not 132 / 8)
      // the plan still fits one wave
