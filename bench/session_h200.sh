@@ -29,10 +29,11 @@ for s in $STEPS; do
            echo "DSV4_PDL=$v rc=$?"; grep -E '^\| *(1|8|64) \|' "$OUT/pdl_$v.txt"
          done ;;
     wgmma_linear)  # the sm_90a wgmma FP8 linear (kernels/cuda/linear_wgmma.cu): single weights and fused groups
-      # at 16-256 tokens with its variants beside the mma.sync plan ("mma", "wgmma", "wgmma rt1", clusters), then the
+      # at 1-128 tokens with its variants beside the mma.sync plan ("mma", "wgmma", "wgmma rt1", the other token
+      # tile, clusters; below 33 tokens only as variants), then the
       # TP 4 step at B = 32-256 with it off / on (DSV4_LINEAR_WGMMA)
-      LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 .gpu/decode-bench/bin/dsv4-gemm-bench \
-        --config=configs/flash.json --peers=false --tokens=16,32,33,64,128,256 --reps=20 --warmup_ms=2 \
+      LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 300 .gpu/decode-bench/bin/dsv4-gemm-bench \
+        --config=configs/flash.json --peers=false --tokens=1,8,16,32,64,128 --reps=20 --warmup_ms=2 \
         --json="$OUT/wgmma.json" > "$OUT/wgmma.md" 2> "$OUT/wgmma.err"; echo "gemm rc=$?"
       for v in 0 1; do
         DSV4_LINEAR_WGMMA=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 120 .gpu/decode-bench/bin/dsv4-decode-bench \
