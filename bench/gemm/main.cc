@@ -988,10 +988,12 @@ int Main() {
                                                : kernels::cuda::internal::LinearSharedBytes(p)));
         // sm_90a takes the wgmma kernel from kWgmmaMinTokens where it plans (FP8, groups on 64-row boundaries).
         const std::vector<int64_t> rows(static_cast<size_t>(std::min<int64_t>(s.groups, 8)), s.n);
-        if (KernelFormat(s) == kernels::cuda::LinearKernelFormat::kFp8 && t >= kernels::cuda::kWgmmaMinTokens &&
-            s.groups <= 8 && (s.groups == 1 || s.n % 64 == 0)) {
+        if (KernelFormat(s) == kernels::cuda::LinearKernelFormat::kFp8 && s.groups <= 8 &&
+            (s.groups == 1 || s.n % 64 == 0)) {
           if (const auto w = kernels::cuda::PlanWgmmaLinear(t, rows, s.k, sms)) {
-            std::printf("         sm_90a: %s, %lld bytes of shared memory\n", kernels::cuda::LinearPlanName(*w).c_str(),
+            std::printf("         sm_90a%s: %s, %lld bytes of shared memory\n",
+                        t >= kernels::cuda::kWgmmaMinTokens ? "" : " (variant only)",
+                        kernels::cuda::LinearPlanName(*w).c_str(),
                         static_cast<long long>(kernels::cuda::internal::WgmmaSharedBytes(w->k_slice, w->cluster,
                                                                                   8 * w->n_tiles)));
           }

@@ -103,7 +103,7 @@ absl::Status CheckWgmmaPlan(const LinearPlan& plan, int64_t t, int64_t k, std::s
 // PlanWgmmaLinear for the current device (its SMs and how many clusters of each size it holds at once): the plan
 // AutoWgmmaPlan runs.
 std::optional<LinearPlan> DeviceWgmmaPlan(int64_t t, std::span<const int64_t> rows, int64_t k);
-// "splitk m1 n1 w8x1 c2 ks512 st4", "wgmma c4 ks1024 rt2", "tiled m2 n1 w8x1", "splitk m1 n1 w8x1 c4 ks1024 mb4 bits".
+// "splitk m1 n1 w8x1 c2 ks512 st4", "wgmma n64 c4 ks1024 rt2", "tiled m2 n1 w8x1", "splitk m1 n1 w8x1 c4 ks1024 mb4 bits".
 std::string LinearPlanName(const LinearPlan& plan);
 // LaunchLinear with `plan` instead of the automatic one (null: automatic); the plan is checked against its
 // limits first (InvalidArgument). F32 weights ignore it.

@@ -25,8 +25,8 @@ enum class LinearKernelFormat { kFp8, kBf16, kF32 };
 //             ring filled by cp.async), K split over the warps of a block AND over the blocks of a
 //             thread-block cluster (up to 8), the partial sums added through distributed shared memory in a
 //             fixed order, so every weight shape fills the GPU and results are deterministic.
-//   kWgmma  - sm_90a only (linear_wgmma.cu), FP8 weights, 33+ tokens: a block of two warpgroups takes row_tiles
-//             tiles of 128 weight rows x 64 tokens in turn; x staged once per block as bf16 (its K slice), the
+//   kWgmma  - sm_90a only (linear_wgmma.cu), FP8 weights, chosen from 33 tokens: a block of two warpgroups takes
+//             row_tiles tiles of 128 weight rows x 64 (or 16) tokens in turn; x staged once per block as bf16 (its K slice), the
 //             weights streamed through a 4-stage cp.async ring and dequantised in registers into wgmma's A operand
 //             (m64n64k16, x as B from shared memory); K split over a thread-block cluster (<= 8) added in a fixed
 //             order. Runs through the multi-weight launch (FusedLinearParams), so single, grouped and fused linears

@@ -99,8 +99,9 @@ absl::Status CheckWgmmaPlan(const LinearPlan& pl, int64_t t, int64_t k, std::spa
 
 int WgmmaTileTokens(int64_t t) { return t <= 16 ? 16 : kWgmmaTokens; }
 
-// For each cluster whose K slice fits (<= kWgmmaMaxKSlice): as many blocks as fill one wave (one block per SM: its
-// shared memory is 128-224 KB; max_clusters[log2 c], where given, is how many clusters of c such blocks the device
+// For each cluster whose K slice fits (<= kWgmmaMaxKSlice): as many blocks as fill one wave (64-token blocks take
+// 113-225 KB of shared memory, one per SM; 16-token blocks <= 105 KB, two; max_clusters[log2 c], where given, is how
+// many clusters of c such blocks the device
 // holds at once - a cluster of 8 needs 8 free SMs of one GPC, so fewer than sms / 8 may fit), each taking row_tiles
 // consecutive tiles; the cluster with the least modelled time (waves x per-block time, see above) wins, ties to the
 // smaller cluster (fewer reductions).
@@ -126,11 +127,13 @@ std::optional<LinearPlan> PlanWgmmaLinear(int64_t t, std::span<const int64_t> ro
     if (steps * 128 > kWgmmaMaxKSlice) continue;
     const int64_t resident = static_cast<size_t>(log2c) < max_clusters.size()
                                  ? std::max(1, max_clusters[static_cast<size_t>(log2c)])
-                                 : std::max(1, sms / cluster);
+                                 : std::max(1, (tokens == 16 ? 2 : 1) * sms / cluster);  // blocks per SM: 2 / 1
     const int64_t groups = std::clamp<int64_t>(resident / token_blocks, 1, tiles);  // clusters per token block
     const int64_t row_tiles = CeilDiv(tiles, groups);
     const int64_t clusters = CeilDiv(tiles, row_tiles) * token_blocks;
-    const int64_t x_steps = CeilDiv(steps * block_tokens, kWgmmaTokens);  // staging: one pass at 64 tokens
+    // Staging: one pass over the slice's steps for the 64-token build (as its plans were derived); the 16-token
+    // build stages only the block's real rows, a fraction of that.
+    const int64_t x_steps = tokens == 16 ? CeilDiv(steps * block_tokens, kWgmmaTokens) : steps;
     const int64_t per_block = row_tiles * steps + x_steps + kBlockOverheadSteps +
                               (cluster > 1 ? kClusterOverheadSteps * row_tiles : 0);
     const int64_t cost = CeilDiv(clusters, resident) * per_block;

@@ -1,4 +1,4 @@
-// The FP8 block-128 linear on sm_90a tensor cores (wgmma) for 33+ tokens (contract: linear_params.h,
+// The FP8 block-128 linear on sm_90a tensor cores (wgmma), chosen from 33 tokens (contract: linear_params.h,
 // LinearKernel::kWgmma; host side and plan: linear_wgmma.cc). Built only where the target list holds 90a
 // (DSV4_LINEAR_SM90A); elsewhere the launch reports cudaErrorNotSupported and the plan never picks it.
 //
@@ -6,10 +6,11 @@
 // fragment traffic, not bytes (T = 128: 6-8x the byte floor, bench/RESULTS.md); wgmma runs a 64 x 64 x 16 product
 // per instruction for the whole warpgroup with B read by the tensor cores straight from shared memory.
 //
-// One block = row_tiles tiles of 128 rows (two warpgroups of 64), in turn, x 64 tokens x one K slice (grid: x = the
+// One block = row_tiles tiles of 128 rows (two warpgroups of 64), in turn, x kTok tokens (64: wgmma m64n64k16; a
+// 16-token build, m64n16k16, two blocks per SM, for 1-16 tokens) x one K slice (grid: x = the
 // cluster's K slices, y = token blocks, z = groups of row_tiles consecutive tiles of the weights' tiles, which
 // follow each other weight by weight as linear_fused.cu's row blocks):
-//  - x: the block's [64 tokens, k_slice] staged once as bf16 (rounded as every tensor-core linear rounds it) in
+//  - x: the block's [kTok tokens, k_slice] staged once as bf16 (rounded as every tensor-core linear rounds it) in
 //    wgmma's no-swizzle "interleaved" K-major layout (8 tokens x 8 K = 128 contiguous bytes), the B operand, for
 //    all its tiles (again only where a grouped linear's tile reads other x columns): x comes from L2 in f32, twice
 //    a tile's weight bytes per token block, so staging it once per tile would cost more than the weights;
@@ -21,10 +22,10 @@
 //    (2t+8, 2t+9). The contraction does not care which physical K sits at which position as long as A and B agree,
 //    so x is staged with the same permutation: within each 16-wide K group, positions 0..7 hold elements
 //    {0,1,4,5,8,9,12,13} and 8..15 hold {2,3,6,7,10,11,14,15}. No shuffles, one ldmatrix per two k16 steps;
-//  - per 128-wide step: 8 wgmma m64n64k16 into a partial sum, then acc += scale * partial in fp32 (the block scale
+//  - per 128-wide step: 8 wgmmas into a partial sum, then acc += scale * partial in fp32 (the block scale
 //    applied per step, as the other FP8 kernels do);
-//  - K split over a cluster: after each tile every block parks its [64, 128] sums in shared memory and block q adds
-//    tokens [q 64 / c, (q + 1) 64 / c) over the cluster in rank order through distributed shared memory
+//  - K split over a cluster: after each tile every block parks its [kTok, 128] sums in shared memory and block q
+//    adds tokens [q kTok / c, (q + 1) kTok / c) over the cluster in rank order through distributed shared memory
 //    (deterministic); the cluster's blocks walk the same tiles.
 // Summation differs from the mma.sync kernels only in order (fp32 sums of exact bf16 x bf16 products).
 #include <cuda_bf16.h>
@@ -387,6 +388,28 @@ int64_t WgmmaSharedBytes(int64_t k_slice, int cluster, int tokens) { return Shar
 
 namespace {
 
+// The kernel's dynamic shared-memory limit raised to its largest block and its carveout set to the most shared
+// memory, once per device (two 16-token blocks need 2 x 105 KB of an SM's 228 KB; the driver's default split
+// could leave room for one).
+template <int kTok>
+cudaError_t PrepareOnce() {
+  if (const cudaError_t e = RaiseSharedLimitOnce<LinearWgmmaKernel<kTok>>(SharedBytesFor(kTok, kWgmmaMaxKSlice, 2));
+      e != cudaSuccess) {
+    return e;
+  }
+  static std::atomic<uint64_t> done{0};
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if ((done.load(std::memory_order_relaxed) & bit) == 0) {
+    const cudaError_t e = cudaFuncSetAttribute(LinearWgmmaKernel<kTok>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return e;
+    done.fetch_or(bit, std::memory_order_relaxed);
+  }
+  return cudaSuccess;
+}
+
 template <int kTok>
 int MaxActiveClusters(int cluster) {
   int device = 0;
@@ -396,7 +419,7 @@ int MaxActiveClusters(int cluster) {
   if (const int v = known[device][slot].load(std::memory_order_relaxed); v != 0) return v - 1;
   const int64_t smem = SharedBytesFor(kTok, kWgmmaMaxKSlice, 2);  // the largest block: a conservative count
   int count = 0;
-  if (RaiseSharedLimitOnce<LinearWgmmaKernel<kTok>>(smem) == cudaSuccess) {
+  if (PrepareOnce<kTok>() == cudaSuccess) {
     cudaLaunchConfig_t config{};
     config.gridDim = dim3(static_cast<unsigned>(cluster), 1, 1);
     config.blockDim = dim3(kThreads);
@@ -416,8 +439,7 @@ int MaxActiveClusters(int cluster) {
 template <int kTok>
 cudaError_t Launch(const FusedLinearParams& p, cudaStream_t stream) {
   const LinearPlan& pl = p.plan;
-  const int64_t smem = SharedBytesFor(kTok, kWgmmaMaxKSlice, 2);
-  if (const cudaError_t err = RaiseSharedLimitOnce<LinearWgmmaKernel<kTok>>(smem); err != cudaSuccess) return err;
+  if (const cudaError_t err = PrepareOnce<kTok>(); err != cudaSuccess) return err;
   const FusedLinearEntry& last = p.e[p.count - 1];
   const int64_t tiles = last.block0 + (last.n + kWgmmaRows - 1) / kWgmmaRows;
   const int64_t blocks = (tiles + pl.row_tiles - 1) / pl.row_tiles;

@@ -367,8 +367,9 @@ TEST(WgmmaLinearPlan, FlashShapes) {
       EXPECT_LT((p->cluster / 2) * p->k_slice, sh.k) << "a cluster with whole slices past K";
       int64_t row_blocks = 0;
       for (const int64_t r : sh.rows) row_blocks += (r + 127) / 128;
-      const int64_t blocks = (row_blocks + p->row_tiles - 1) / p->row_tiles * ((t + 63) / 64) * p->cluster;
-      EXPECT_LE(blocks, std::max<int64_t>(132, ((t + 63) / 64) * p->cluster)) << "more than one wave";
+      const int64_t token_blocks = (t + WgmmaPlanTokens(*p) - 1) / WgmmaPlanTokens(*p);
+      const int64_t blocks = (row_blocks + p->row_tiles - 1) / p->row_tiles * token_blocks * p->cluster;
+      EXPECT_LE(blocks, std::max<int64_t>(132, token_blocks * p->cluster)) << "more than one wave";
       if (tiles >= 132) {
         EXPECT_GE(blocks, 66) << sh.rows[0] << "x" << sh.k << " T=" << t << " " << LinearPlanName(*p);
       }
@@ -389,10 +390,14 @@ TEST(WgmmaLinearPlan, FlashShapes) {
       EXPECT_EQ(CheckWgmmaPlan(bad, 64, 1024, rows).code(), absl::StatusCode::kInvalidArgument)
           << LinearPlanName(bad);
     }
+    EXPECT_NE(CheckWgmmaPlan(tok32, 64, 1024, rows).message().find("has no kernel"), std::string::npos);
+    EXPECT_NE(CheckWgmmaPlan(no_tiles, 64, 1024, rows).message().find("over its limits"), std::string::npos);
   }
   // The token tile: 16 tokens a block up to 16 tokens, 64 above.
   for (const int64_t t : {1, 8, 16, 17, 64}) {
-    EXPECT_EQ(WgmmaPlanTokens(*PlanWgmmaLinear(t, std::vector<int64_t>{4096}, 4096, 132)), t <= 16 ? 16 : 64) << t;
+    const std::optional<LinearPlan> p = PlanWgmmaLinear(t, std::vector<int64_t>{4096}, 4096, 132);
+    ASSERT_TRUE(p.has_value()) << t;
+    EXPECT_EQ(WgmmaPlanTokens(*p), t <= 16 ? 16 : 64) << t;
   }
   {  // the device's cluster capacity: wo_b at 64 tokens needs clusters of 8; with 14 of them resident (not 132 / 8)
      // the plan still fits one wave
