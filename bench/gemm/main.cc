@@ -480,7 +480,16 @@ void RunShape(Ctx& ctx, const Shape& sh) {
 
     // The backend's linear as the engine calls it.
     const LinearPlan auto_plan = kernels::cuda::AutoLinearPlan(t, N, K, static_cast<int>(G), ctx.sms, KernelFormat(sh));
-    const size_t ours = time({.what = "ours", .plan = kernels::cuda::LinearPlanName(auto_plan)}, sets, wbytes,
+    // On sm_90a from kWgmmaMinTokens the launch takes the wgmma kernel instead (linear_fused.cc AutoWgmmaPlan; the
+    // bench's weights suit it whenever a group starts on a 64-row boundary).
+    const std::vector<int64_t> group_rows(static_cast<size_t>(std::min<int64_t>(G, kernels::cuda::kFusedMaxWeights)), N);
+    const std::optional<LinearPlan> wgmma_plan =
+        fp8 && G <= kernels::cuda::kFusedMaxWeights && (G == 1 || N % 64 == 0)
+            ? kernels::cuda::DeviceWgmmaPlan(t, group_rows, K)
+            : std::nullopt;
+    const bool wgmma_auto = wgmma_plan && t >= kernels::cuda::kWgmmaMinTokens && kernels::cuda::LinearWgmmaEnabled();
+    const LinearPlan chosen = wgmma_auto ? *wgmma_plan : auto_plan;
+    const size_t ours = time({.what = "ours", .plan = kernels::cuda::LinearPlanName(chosen)}, sets, wbytes,
                              [&ctx, &copies, base](int s) {
                                LinearArgs a = base;
                                a.w = copies[static_cast<size_t>(s)].get();
@@ -496,13 +505,32 @@ void RunShape(Ctx& ctx, const Shape& sh) {
       auto add_plan = [&](const std::string& what, const std::optional<LinearPlan>& p) {
         if (!p) return;
         const std::string pn = kernels::cuda::LinearPlanName(*p);
-        if (pn == kernels::cuda::LinearPlanName(auto_plan)) return;
+        if (pn == kernels::cuda::LinearPlanName(chosen)) return;
         for (const auto& [w, q] : plans) {
           if (kernels::cuda::LinearPlanName(q) == pn) return;
         }
         plans.emplace_back(what, *p);
       };
       const int gi = static_cast<int>(G);
+      // The wgmma kernel (sm_90a) and the mma.sync choice beside each other, whichever the launch takes; wgmma
+      // clusters around its plan.
+      if (kernels::cuda::LinearWgmmaEnabled() && wgmma_plan) {
+        add_plan("mma", auto_plan);
+        add_plan("wgmma", wgmma_plan);
+        LinearPlan one_tile = *wgmma_plan;  // x staged for every tile: what row_tiles saves
+        one_tile.row_tiles = 1;
+        add_plan("wgmma rt1", one_tile);
+        LinearPlan other_tile = *wgmma_plan;  // the other token tile (16 <-> 64 tokens a block)
+        other_tile.n_tiles = wgmma_plan->n_tiles == 2 ? 8 : 2;
+        if (kernels::cuda::CheckWgmmaPlan(other_tile, t, K, group_rows).ok()) add_plan("wgmma other tile", other_tile);
+        for (const int c : {wgmma_plan->cluster / 2, wgmma_plan->cluster * 2}) {
+          LinearPlan q = *wgmma_plan;
+          q.cluster = c;
+          q.k_slice = (K / 128 + c - 1) / std::max(1, c) * 128;
+          q.row_tiles = std::max(1, c > wgmma_plan->cluster ? q.row_tiles * 2 : q.row_tiles / 2);
+          if (c >= 1 && kernels::cuda::CheckWgmmaPlan(q, t, K, group_rows).ok()) add_plan(absl::StrCat("wgmma c", c), q);
+        }
+      }
       const std::optional<LinearPlan> ring =
           fp8 ? kernels::cuda::PlanRingLinear(t, N, K, gi, ctx.sms) : std::nullopt;
       if (ring) {
@@ -753,6 +781,8 @@ std::vector<FusedGroup> MakeFusedGroups(const Config& c, const std::vector<int64
 void RunFusedGroup(Ctx& ctx, const FusedGroup& fg) {
   const size_t count = fg.rows.size();
   const int64_t K = fg.k;
+  const bool all_fp8 = std::all_of(fg.formats.begin(), fg.formats.end(),
+                                   [](kernels::WeightFormat f) { return f == kernels::WeightFormat::kFp8Block128; });
   int64_t rows_sum = 0;
   double wbytes = 0;
   std::vector<std::string> parts;
@@ -882,6 +912,16 @@ void RunFusedGroup(Ctx& ctx, const FusedGroup& fg) {
         if (!st.ok()) std::fprintf(stderr, "fused launch: %s\n", st.ToString().c_str());
       });
     }
+    // The wgmma kernel (sm_90a; FP8 groups only) on the group, forced: FusedLinear takes it on its own from
+    // kWgmmaMinTokens, so "fused" above is this plan there.
+    if (const std::optional<LinearPlan> wplan =
+            kernels::cuda::LinearWgmmaEnabled() ? kernels::cuda::DeviceWgmmaPlan(t, fg.rows, K) : std::nullopt;
+        wplan && ctx.variants && all_fp8) {
+      time("wgmma", kernels::cuda::LinearPlanName(*wplan), [&, t, wplan](int s) {
+        const absl::Status st = kernels::cuda::LaunchFusedLinearWithPlan(args(s, t), &*wplan, ctx.gpu.stream());
+        if (!st.ok()) std::fprintf(stderr, "wgmma launch: %s\n", st.ToString().c_str());
+      });
+    }
     auto find = [&](const std::string& what) -> const Col* {
       for (const Col& c : cols) {
         if (c.what == what && c.r.ok) return &c;
@@ -946,6 +986,18 @@ int Main() {
                     static_cast<long long>(p.min_blocks > 0
                                                ? kernels::cuda::internal::FusedSharedBytes(p, std::min<int64_t>(t, 8 * p.n_tiles))
                                                : kernels::cuda::internal::LinearSharedBytes(p)));
+        // sm_90a takes the wgmma kernel from kWgmmaMinTokens where it plans (FP8, groups on 64-row boundaries).
+        const std::vector<int64_t> rows(static_cast<size_t>(std::min<int64_t>(s.groups, 8)), s.n);
+        if (KernelFormat(s) == kernels::cuda::LinearKernelFormat::kFp8 && s.groups <= 8 &&
+            (s.groups == 1 || s.n % 64 == 0)) {
+          if (const auto w = kernels::cuda::PlanWgmmaLinear(t, rows, s.k, sms)) {
+            std::printf("         sm_90a%s: %s, %lld bytes of shared memory\n",
+                        t >= kernels::cuda::kWgmmaMinTokens ? "" : " (variant only)",
+                        kernels::cuda::LinearPlanName(*w).c_str(),
+                        static_cast<long long>(kernels::cuda::internal::WgmmaSharedBytes(w->k_slice, w->cluster,
+                                                                                  8 * w->n_tiles)));
+          }
+        }
       }
     }
     if (absl::GetFlag(FLAGS_groups)) {

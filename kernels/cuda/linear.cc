@@ -93,6 +93,9 @@ absl::Status CheckPlan(const LinearPlan& pl, int64_t t, int64_t n, int64_t k, in
 }  // namespace
 
 std::string LinearPlanName(const LinearPlan& pl) {
+  if (pl.kernel == LinearKernel::kWgmma) {
+    return absl::StrCat("wgmma n", 8 * pl.n_tiles, " c", pl.cluster, " ks", pl.k_slice, " rt", pl.row_tiles);
+  }
   if (pl.kernel == LinearKernel::kTiled) {
     return absl::StrCat("tiled m", pl.m_tiles, " n", pl.n_tiles, " w", pl.warps_m, "x", pl.warps_k);
   }
@@ -323,19 +326,27 @@ absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, c
   const int64_t x_esize = x_bf16 ? 2 : 4;
   const bool vec = (k * w_esize) % 16 == 0 && (k * x_esize) % 16 == 0 && (xs * x_esize) % 16 == 0 &&
                    Aligned16(w->data()) && Aligned16(a.x.data);
-  LinearPlan pl;
-  if (format != LinearKernelFormat::kF32) {
-    pl = plan != nullptr ? *plan : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
+  // The groups as entries of the multi-weight launch (its kernel or the wgmma one), without a heap allocation.
+  std::array<FusedWeightRef, kFusedMaxWeights> group_refs{};
+  const int entries = a.groups <= kFusedMaxWeights ? a.groups : 0;
+  for (int g = 0; g < entries; ++g) {
+    group_refs[g] = {.w = w, .row0 = g * n, .n = n, .x_col = g * k, .y = a.y + g * n, .y_stride = ys};
   }
-  if (pl.min_blocks > 0 && format != LinearKernelFormat::kF32) {
-    // The multi-weight kernel (linear_fused.cu), one entry per group.
-    if (a.groups > kFusedMaxWeights) {
+  const std::span<const FusedWeightRef> refs(group_refs.data(), static_cast<size_t>(entries));
+  LinearPlan pl;
+  if (plan != nullptr) {
+    pl = *plan;
+  } else if (format != LinearKernelFormat::kF32) {
+    // sm_90a from kWgmmaMinTokens where the weight suits it (AutoWgmmaPlan), else the mma.sync kernels' plan.
+    std::optional<LinearPlan> wgmma;
+    if (format == LinearKernelFormat::kFp8 && entries > 0) wgmma = AutoWgmmaPlan(refs, a.x, a.t, xs);
+    pl = wgmma ? *wgmma : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);
+  }
+  if ((pl.min_blocks > 0 || pl.kernel == LinearKernel::kWgmma) && format != LinearKernelFormat::kF32) {
+    // The multi-weight kernel (linear_fused.cu) or the wgmma one (linear_wgmma.cu), one entry per group.
+    if (entries == 0) {
       return absl::InvalidArgumentError(absl::StrCat("linear plan: ", LinearPlanName(pl), " takes at most ",
                                                      kFusedMaxWeights, " groups, got ", a.groups));
-    }
-    std::vector<FusedWeightRef> refs;
-    for (int g = 0; g < a.groups; ++g) {
-      refs.push_back({.w = w, .row0 = g * n, .n = n, .x_col = g * k, .y = a.y + g * n, .y_stride = ys});
     }
     return LaunchFusedWeights(refs, a.x, a.t, xs, pl, stream);
   }

@@ -70,13 +70,40 @@ struct FusedWeightRef {
   float* y = nullptr;
   int64_t y_stride = 0;
 };
-// Launches the multi-weight kernel with `plan` (checked first) over `refs` (FP8 or BF16, one Kin).
+// The one place that decides whether a launch takes the wgmma kernel: its plan when LinearWgmmaEnabled(), T >=
+// kWgmmaMinTokens and every ref suits it (FP8, 64-row aligned first row, 16-byte aligned x rows and columns);
+// nullopt otherwise (the caller's automatic mma.sync plan then runs).
+std::optional<LinearPlan> AutoWgmmaPlan(std::span<const FusedWeightRef> refs, const ActView& x, int64_t t,
+                                        int64_t x_stride);
+// Launches the multi-weight kernel (or, for a kWgmma plan, the wgmma kernel) with `plan` (checked first) over
+// `refs` (FP8 or BF16, one Kin; kWgmma: FP8 only).
 absl::Status LaunchFusedWeights(std::span<const FusedWeightRef> refs, const ActView& x, int64_t t, int64_t x_stride,
                                 const LinearPlan& plan, cudaStream_t stream);
 // The ops' FusedLinear with `plan` instead of the automatic choice (null: LaunchFusedLinear's: AutoFusedLinearPlan's
 // build for 2+ FP8/BF16 weights up to kSplitMaxTokens tokens, one LaunchLinear each otherwise).
 absl::Status LaunchFusedLinearWithPlan(const FusedLinearArgs& a, const LinearPlan* plan, cudaStream_t stream);
-// "splitk m1 n1 w8x1 c2 ks512 st4", "tiled m2 n1 w8x1", "splitk m1 n1 w8x1 c4 ks1024 mb4 bits".
+// The wgmma FP8 kernel (sm_90a, linear_wgmma.cu): LaunchLinear and LaunchFusedLinear take it on their own from
+// kWgmmaMinTokens tokens when LinearWgmmaEnabled() (a 90a build on a compute capability 9.0 device, and
+// DSV4_LINEAR_WGMMA not 0) and every weight suits it (FP8, Kin a multiple of 128 and <= 8192, 16-byte aligned rows,
+// groups starting on 64-row boundaries). PlanWgmmaLinear sizes its K split for T tokens of weights with `rows` rows
+// (nullopt where it has no plan); CheckWgmmaPlan refuses a plan outside its limits.
+inline constexpr int64_t kWgmmaMinTokens = 33;
+// Whether this build has the kernel and the current device is compute capability 9.0 (where it may run at all).
+bool LinearWgmmaRunsHere();
+bool LinearWgmmaEnabled();
+// Tests: 1 / 0 force the automatic choice of the wgmma kernel on (where built) / off, -1 returns it to the device
+// and the environment.
+void SetLinearWgmmaForTesting(int enabled);
+// Tokens a block of PlanWgmmaLinear's plan takes at T tokens: 16 up to 16 tokens, 64 above.
+int WgmmaTileTokens(int64_t t);
+// max_clusters[i]: clusters of 2^i of the kernel's blocks the device holds at once (empty: sms / 2^i).
+std::optional<LinearPlan> PlanWgmmaLinear(int64_t t, std::span<const int64_t> rows, int64_t k, int sms,
+                                          std::span<const int> max_clusters = {});
+absl::Status CheckWgmmaPlan(const LinearPlan& plan, int64_t t, int64_t k, std::span<const int64_t> rows);
+// PlanWgmmaLinear for the current device (its SMs and how many clusters of each size it holds at once): the plan
+// AutoWgmmaPlan runs.
+std::optional<LinearPlan> DeviceWgmmaPlan(int64_t t, std::span<const int64_t> rows, int64_t k);
+// "splitk m1 n1 w8x1 c2 ks512 st4", "wgmma n64 c4 ks1024 rt2", "tiled m2 n1 w8x1", "splitk m1 n1 w8x1 c4 ks1024 mb4 bits".
 std::string LinearPlanName(const LinearPlan& plan);
 // LaunchLinear with `plan` instead of the automatic one (null: automatic); the plan is checked against its
 // limits first (InvalidArgument). F32 weights ignore it.

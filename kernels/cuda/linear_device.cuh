@@ -185,6 +185,18 @@ __device__ __forceinline__ void CpAsyncWait() {
 }
 
 
+// A launch config's thread-block cluster of `cluster` blocks along grid x (no attribute for 1, an ordinary launch);
+// `attr` must outlive the launch.
+inline void SetClusterX(cudaLaunchConfig_t& config, cudaLaunchAttribute& attr, int cluster) {
+  attr = {};
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = static_cast<unsigned>(cluster);
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = cluster > 1 ? 1 : 0;
+}
+
 // Raises kKernel's dynamic shared-memory limit to `bytes` once per kernel and device (the split-K, multi-weight and
 // weight-ring launchers; a launch above the default 48 KB needs it).
 template <auto kKernel>

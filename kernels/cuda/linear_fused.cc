@@ -3,6 +3,7 @@
 // the launches - the ops interface's FusedLinear (LaunchFusedLinear) and a single linear whose plan names this kernel
 // (LaunchLinearWithPlan with LinearPlan::min_blocks > 0, one entry per group).
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -178,16 +179,22 @@ absl::Status LaunchFusedWeights(std::span<const FusedWeightRef> refs, const ActV
     return absl::InvalidArgumentError(absl::StrCat("multi-weight linear: ", refs.size(), " weights"));
   }
   const int64_t k = refs[0].w->k();
-  std::vector<int64_t> rows;
-  for (const FusedWeightRef& r : refs) rows.push_back(r.n);
-  DSV4_RETURN_IF_ERROR(CheckFusedPlan(plan, t, k, rows));
+  std::array<int64_t, kFusedMaxWeights> row_buf{};
+  for (size_t i = 0; i < refs.size(); ++i) row_buf[i] = refs[i].n;
+  const std::span<const int64_t> rows(row_buf.data(), refs.size());
+  const bool wgmma = plan.kernel == LinearKernel::kWgmma;
+  DSV4_RETURN_IF_ERROR(wgmma ? CheckWgmmaPlan(plan, t, k, rows) : CheckFusedPlan(plan, t, k, rows));
+  if (wgmma && !LinearWgmmaRunsHere()) {
+    return absl::FailedPreconditionError("wgmma linear: the current device is not compute capability 9.0 (sm_90a)");
+  }
   const bool x_bf16 = x.dtype == DType::kBF16;
   const int64_t x_esize = x_bf16 ? 2 : 4;
   FusedLinearParams p;
-  p.x = x.data, p.x_bf16 = x_bf16, p.x_stride = x_stride, p.t = t, p.k = k, p.x_rows = XRows(t, plan.n_tiles);
+  p.x = x.data, p.x_bf16 = x_bf16, p.x_stride = x_stride, p.t = t, p.k = k;
+  p.x_rows = wgmma ? std::min<int64_t>(t, WgmmaPlanTokens(plan)) : XRows(t, plan.n_tiles);
   p.count = static_cast<int>(refs.size());
   p.plan = plan;
-  const int64_t rows_per_block = int64_t{16} * plan.warps_m;
+  const int64_t rows_per_block = wgmma ? int64_t{kWgmmaRows} : int64_t{16} * plan.warps_m;
   int64_t block0 = 0;
   for (size_t i = 0; i < refs.size(); ++i) {
     const FusedWeightRef& r = refs[i];
@@ -209,12 +216,53 @@ absl::Status LaunchFusedWeights(std::span<const FusedWeightRef> refs, const ActV
     const void* xc = static_cast<const uint8_t*>(x.data) + r.x_col * x_esize;
     const bool vec = (k * w_esize) % 16 == 0 && (k * x_esize) % 16 == 0 && (x_stride * x_esize) % 16 == 0 &&
                      Aligned16(w) && Aligned16(xc);
+    if (wgmma && (format != LinearKernelFormat::kFp8 || !vec || r.row0 % 64 != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "wgmma linear: weight ", i, " is ", WeightFormatName(r.w->format()), ", rows from ", r.row0,
+          vec ? "" : ", unaligned rows", " (FP8, a 64-row aligned first row and 16-byte aligned rows only)"));
+    }
     p.e[i] = FusedLinearEntry{.format = format, .w = w, .scale = r.w->scale(), .scale_cols = CeilDiv(k, 128),
                               .scale_row0 = r.row0, .n = r.n, .x_col = r.x_col, .y = r.y, .y_stride = r.y_stride,
                               .vec = vec, .block0 = block0};
     block0 += CeilDiv(r.n, rows_per_block);
   }
+  if (wgmma) return CudaStatus(internal::LaunchLinearWgmmaKernel(p, stream), "wgmma linear launch");
   return CudaStatus(internal::LaunchFusedLinearKernel(p, stream), "multi-weight linear launch");
+}
+
+std::optional<LinearPlan> AutoWgmmaPlan(std::span<const FusedWeightRef> refs, const ActView& x, int64_t t,
+                                        int64_t x_stride) {
+  if (t < kWgmmaMinTokens || refs.empty() || refs.size() > static_cast<size_t>(kFusedMaxWeights) ||
+      !LinearWgmmaEnabled()) {
+    return std::nullopt;
+  }
+  const int64_t x_esize = x.dtype == DType::kBF16 ? 2 : 4;
+  const int64_t k = refs[0].w->k();
+  if ((x_stride * x_esize) % 16 != 0 || !Aligned16(x.data)) return std::nullopt;
+  std::array<int64_t, kFusedMaxWeights> row_buf{};
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const FusedWeightRef& r = refs[i];
+    if (r.w->format() != WeightFormat::kFp8Block128 || r.w->k() != k || r.row0 % 64 != 0 ||
+        (r.x_col * x_esize) % 16 != 0 || !Aligned16(r.w->data())) {
+      return std::nullopt;
+    }
+    row_buf[i] = r.n;
+  }
+  return DeviceWgmmaPlan(t, std::span<const int64_t>(row_buf.data(), refs.size()), k);
+}
+
+std::optional<LinearPlan> DeviceWgmmaPlan(int64_t t, std::span<const int64_t> rows, int64_t k) {
+  // How many clusters of each size fit at once (a cluster of 8 needs 8 free SMs of one GPC): read once per device
+  // for the token tile PlanWgmmaLinear takes at this T.
+  const int tokens = WgmmaTileTokens(t);
+  std::array<int, 4> max_clusters{};
+  bool known = true;
+  for (int i = 0; i < 4; ++i) {
+    max_clusters[static_cast<size_t>(i)] = internal::WgmmaMaxActiveClusters(1 << i, tokens);
+    known = known && max_clusters[static_cast<size_t>(i)] > 0;
+  }
+  return PlanWgmmaLinear(t, rows, k, CurrentDeviceSms(),
+                         known ? std::span<const int>(max_clusters) : std::span<const int>());
 }
 
 absl::Status LaunchFusedLinearWithPlan(const FusedLinearArgs& a, const LinearPlan* plan, cudaStream_t stream) {
@@ -251,6 +299,11 @@ absl::Status LaunchFusedLinearWithPlan(const FusedLinearArgs& a, const LinearPla
   if (xs < k) {
     return absl::InvalidArgumentError(absl::StrCat("fused linear: x row stride ", xs, " below Kin ", k));
   }
+  if (plan == nullptr) {
+    if (std::optional<LinearPlan> wgmma = AutoWgmmaPlan(refs, a.x, a.t, xs)) {
+      return LaunchFusedWeights(refs, a.x, a.t, xs, *wgmma, stream);
+    }
+  }
   if (plan == nullptr && fusable && a.count > 1) {
     std::vector<int64_t> rows;
     for (const FusedWeightRef& r : refs) rows.push_back(r.n);
@@ -259,7 +312,7 @@ absl::Status LaunchFusedLinearWithPlan(const FusedLinearArgs& a, const LinearPla
     }
   }
   if (plan != nullptr) {
-    if (!fusable) {
+    if (!fusable && plan->kernel != LinearKernel::kWgmma) {
       return absl::InvalidArgumentError(absl::StrCat("fused linear: a plan for ", a.t,
                                                      " tokens or a weight that is neither FP8 nor BF16"));
     }

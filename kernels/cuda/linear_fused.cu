@@ -287,13 +287,8 @@ cudaError_t LaunchFused(const FusedLinearParams& p, cudaStream_t stream) {
   config.blockDim = dim3(static_cast<unsigned>(32 * pl.warps_m * pl.warps_k));
   config.dynamicSmemBytes = static_cast<size_t>(internal::FusedSharedBytes(pl, p.x_rows));
   config.stream = stream;
-  cudaLaunchAttribute cluster_dim[1];
-  cluster_dim[0].id = cudaLaunchAttributeClusterDimension;
-  cluster_dim[0].val.clusterDim.x = static_cast<unsigned>(pl.cluster);
-  cluster_dim[0].val.clusterDim.y = 1;
-  cluster_dim[0].val.clusterDim.z = 1;
-  config.attrs = cluster_dim;
-  config.numAttrs = pl.cluster > 1 ? 1 : 0;
+  cudaLaunchAttribute cluster_dim;
+  SetClusterX(config, cluster_dim, pl.cluster);
   return LaunchPdlConfig(config, LinearFusedKernel<NW, kMinBlocks, kBits>, p);
 }
 

@@ -25,7 +25,13 @@ enum class LinearKernelFormat { kFp8, kBf16, kF32 };
 //             ring filled by cp.async), K split over the warps of a block AND over the blocks of a
 //             thread-block cluster (up to 8), the partial sums added through distributed shared memory in a
 //             fixed order, so every weight shape fills the GPU and results are deterministic.
-enum class LinearKernel { kTiled, kSplitK };
+//   kWgmma  - sm_90a only (linear_wgmma.cu), FP8 weights, chosen from 33 tokens: a block of two warpgroups takes
+//             row_tiles tiles of 128 weight rows x 64 (or 16) tokens in turn; x staged once per block as bf16 (its K slice), the
+//             weights streamed through a 4-stage cp.async ring and dequantised in registers into wgmma's A operand
+//             (m64n64k16, x as B from shared memory); K split over a thread-block cluster (<= 8) added in a fixed
+//             order. Runs through the multi-weight launch (FusedLinearParams), so single, grouped and fused linears
+//             all take it.
+enum class LinearKernel { kTiled, kSplitK, kWgmma };
 
 // Largest token count the split-K kernel takes (4 token tiles of 32); more goes to kTiled.
 inline constexpr int64_t kSplitMaxTokens = 128;
@@ -48,6 +54,14 @@ static_assert(kSplitMaxSharedBytes <= kSm120OptinSharedBytes, "split-K shared me
 inline constexpr int64_t kRingTileBytes = 2048;
 inline constexpr int64_t kStreamMaxSharedBytes = 227 * 1024;
 inline constexpr int kMaxStages = 4;
+
+// The wgmma kernel's tile and limits (kWgmma): rows per tile (64 per warpgroup; an entry's first row and its
+// block-scale row must be 64-aligned so each warpgroup reads one scale per 128-wide step), tokens per block (wgmma
+// N), the largest K slice a block stages (x [64, k_slice] bf16 = 128 KB) and the weight ring's depth.
+inline constexpr int kWgmmaRows = 128;
+inline constexpr int kWgmmaTokens = 64;  // the largest token tile; 16 is the other (LinearPlan::n_tiles 2 / 8)
+inline constexpr int64_t kWgmmaMaxKSlice = 1024;
+inline constexpr int kWgmmaStages = 4;
 
 // Work split of the tensor-core kernels, planned on the host from (groups, N, T, Kin): each warp computes
 // 16*m_tiles rows x 8*n_tiles tokens over its share of the 64-wide K steps. kTiled: a block holds warps_m x
@@ -72,7 +86,14 @@ struct LinearPlan {
   // The multi-weight kernel's FP8 dequantisation: false = hardware e4m3 -> f16 -> f32 -> bf16 (4 instructions
   // per 2 elements), true = the bit moves of e4m3_bits.h (3; values scaled by 2^-120, undone in fp32).
   bool bit_dequant = false;
+  // kWgmma: 128-row tiles one block computes in turn (1..), so the x slice it stages serves all of them (x is read
+  // from L2 once per block, not once per tile); cluster and k_slice as kSplitK; n_tiles 2 or 8: 16 or 64 tokens a
+  // block (WgmmaPlanTokens).
+  int row_tiles = 1;
 };
+
+// Tokens a block of a kWgmma plan takes (wgmma N): 8 * n_tiles, 16 or 64.
+inline int WgmmaPlanTokens(const LinearPlan& plan) { return 8 * plan.n_tiles; }
 
 // LinearPlan::min_blocks of the multi-weight kernel: the default build (2 blocks, two weight steps in flight per
 // warp, as LinearSplitKernel) and the lean one (4 blocks, one step in flight, <= 64 registers; up to 8 tokens).
@@ -132,6 +153,14 @@ namespace internal {
 cudaError_t LaunchFusedLinearKernel(const FusedLinearParams& p, cudaStream_t stream);
 // Dynamic shared memory of the multi-weight kernel: the x slice [x_rows, k_slice + 4] bf16 and the partial sums.
 int64_t FusedSharedBytes(const LinearPlan& plan, int64_t x_rows);
+// The wgmma kernel (linear_wgmma.cu) over the entries of `p` (a kWgmma plan, checked by the caller): whether this
+// build has it (90a in CMAKE_CUDA_ARCHITECTURES), its dynamic shared memory for a K slice, and its launch.
+bool LinearWgmmaBuilt();
+int64_t WgmmaSharedBytes(int64_t k_slice, int cluster, int tokens);
+cudaError_t LaunchLinearWgmmaKernel(const FusedLinearParams& p, cudaStream_t stream);
+// Clusters of `cluster` (1, 2, 4, 8) of the kernel's largest blocks the current device holds at once
+// (cudaOccupancyMaxActiveClusters); 0 where it cannot say.
+int WgmmaMaxActiveClusters(int cluster, int tokens);
 // Enqueues the kernel for `p` (sizes already validated); returns the launch error, if any.
 cudaError_t LaunchLinearKernel(const LinearParams& p, cudaStream_t stream);
 // Dynamic shared memory the tensor-core kernel of `plan` takes (kTiled: the split-K reduction; kSplitK: the x
