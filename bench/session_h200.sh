@@ -7,7 +7,7 @@
 #          && cp bench/decode/run_h200.sh .gpu/decode-bench/
 # There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench or, as
 #        scripts/bundle-h200.sh makes it in one go, .gpu/decode-bench.tar.xz)
-# STEPS: any of suite decode singles decode_a pdl l2 moe_l2 norm_rope hc_norm wgmma_linear (default: the first
+# STEPS: any of suite decode singles decode_a pdl norm_rope hc_norm wgmma_linear wgmma_rule (default: the first
 #        four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
@@ -30,17 +30,6 @@ for s in $STEPS; do
              --comm-latency-us=20 --context=8192 --batches=1,8,64 --json="$OUT/pdl_$v.json" > "$OUT/pdl_$v.txt" 2>&1
            echo "DSV4_PDL=$v rc=$?"; grep -E '^\| *(1|8|64) \|' "$OUT/pdl_$v.txt"
          done ;;
-    l2) for v in 0 1 0 1; do  # the weight kernels' L2 hints off / on, alternated (pdl.h, DSV4_L2_PREFETCH)
-          DSV4_L2_PREFETCH=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 120 .gpu/decode-bench/bin/dsv4-decode-bench \
-            --config=configs/flash.json --simulate-rank=0 --simulate-world=4 --comm-busbw-gbs=146 \
-            --comm-latency-us=20 --context=8192 --batches=1,8,32,64,128 >> "$OUT/l2_$v.txt" 2>&1
-          echo "DSV4_L2_PREFETCH=$v rc=$?"; tail -n 40 "$OUT/l2_$v.txt" | grep -E '^\| *(1|8|32|64|128) \|'
-        done ;;
-    moe_l2) for v in 0 1; do  # the MoE expert GEMMs with the hints off / on (the TP 4 shard)
-              DSV4_L2_PREFETCH=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 150 .gpu/decode-bench/bin/dsv4-ops-bench \
-                --config=configs/flash.json --only=moe --tp=4 --moe_tokens=1,4,16,32,64,128 > "$OUT/moe_l2_$v.txt" 2>&1
-              echo "DSV4_L2_PREFETCH=$v rc=$?"
-            done ;;
     norm_rope) for v in 0 1 0 1; do  # RmsNorm + RoPE as two kernels / one (kernels/cuda/dense.cc, DSV4_NORM_ROPE)
                  DSV4_NORM_ROPE=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 120 .gpu/decode-bench/bin/dsv4-decode-bench \
                    --config=configs/flash.json --simulate-rank=0 --simulate-world=4 --comm-busbw-gbs=146 \
@@ -67,6 +56,14 @@ for s in $STEPS; do
           > "$OUT/wgmma_step_$v.txt" 2>&1
         echo "DSV4_LINEAR_WGMMA=$v rc=$?"; grep -E '^\| *(32|64|128|256) \|' "$OUT/wgmma_step_$v.txt"
       done ;;
+    wgmma_rule) for m in 0 12 0 12 24; do  # the wgmma linear's size rule (kernels/cuda/linear.h WgmmaPaysAt): from 0 /
+                  # 12 / 24 MiB of weights a launch up to 128 tokens, TP 4 rank 0
+                  DSV4_LINEAR_WGMMA_MIN_MIB=$m LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 120 \
+                    .gpu/decode-bench/bin/dsv4-decode-bench --config=configs/flash.json --simulate-rank=0 \
+                    --simulate-world=4 --comm-busbw-gbs=146 --comm-latency-us=20 --context=8192 \
+                    --batches=48,64,96,128 >> "$OUT/wgmma_rule_$m.txt" 2>&1
+                  echo "DSV4_LINEAR_WGMMA_MIN_MIB=$m rc=$?"; tail -n 30 "$OUT/wgmma_rule_$m.txt" | grep -E '^\| *(48|64|96|128) \|'
+                done ;;
     *) echo "unknown step $s" ;;
   esac
 done
