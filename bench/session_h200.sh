@@ -7,7 +7,7 @@
 #          && cp bench/decode/run_h200.sh .gpu/decode-bench/
 # There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench or, as
 #        scripts/bundle-h200.sh makes it in one go, .gpu/decode-bench.tar.xz)
-# STEPS: any of suite decode singles decode_a pdl norm_rope hc_norm wgmma_linear wgmma_rule (default: the first
+# STEPS: any of suite decode singles decode_a pdl norm_rope hc_norm wgmma_linear (default: the first
 #        four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
@@ -56,14 +56,6 @@ for s in $STEPS; do
           > "$OUT/wgmma_step_$v.txt" 2>&1
         echo "DSV4_LINEAR_WGMMA=$v rc=$?"; grep -E '^\| *(32|64|128|256) \|' "$OUT/wgmma_step_$v.txt"
       done ;;
-    wgmma_rule) for m in 0 12 0 12 24; do  # the wgmma linear's size rule (kernels/cuda/linear.h WgmmaPaysAt): from 0 /
-                  # 12 / 24 MiB of weights a launch up to 128 tokens, TP 4 rank 0
-                  DSV4_LINEAR_WGMMA_MIN_MIB=$m LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 120 \
-                    .gpu/decode-bench/bin/dsv4-decode-bench --config=configs/flash.json --simulate-rank=0 \
-                    --simulate-world=4 --comm-busbw-gbs=146 --comm-latency-us=20 --context=8192 \
-                    --batches=48,64,96,128 >> "$OUT/wgmma_rule_$m.txt" 2>&1
-                  echo "DSV4_LINEAR_WGMMA_MIN_MIB=$m rc=$?"; tail -n 30 "$OUT/wgmma_rule_$m.txt" | grep -E '^\| *(48|64|96|128) \|'
-                done ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -480,16 +480,14 @@ void RunShape(Ctx& ctx, const Shape& sh) {
 
     // The backend's linear as the engine calls it.
     const LinearPlan auto_plan = kernels::cuda::AutoLinearPlan(t, N, K, static_cast<int>(G), ctx.sms, KernelFormat(sh));
-    // On sm_90a where WgmmaPaysAt (from kWgmmaMinTokens; up to 128 tokens only on large weights) the launch takes
-    // the wgmma kernel instead (linear_fused.cc AutoWgmmaPlan; the bench's weights suit it whenever a group starts
-    // on a 64-row boundary).
+    // On sm_90a from kWgmmaMinTokens the launch takes the wgmma kernel instead (linear_fused.cc AutoWgmmaPlan; the
+    // bench's weights suit it whenever a group starts on a 64-row boundary).
     const std::vector<int64_t> group_rows(static_cast<size_t>(std::min<int64_t>(G, kernels::cuda::kFusedMaxWeights)), N);
     const std::optional<LinearPlan> wgmma_plan =
         fp8 && G <= kernels::cuda::kFusedMaxWeights && (G == 1 || N % 64 == 0)
             ? kernels::cuda::DeviceWgmmaPlan(t, group_rows, K)
             : std::nullopt;
-    const bool wgmma_auto = wgmma_plan && kernels::cuda::WgmmaPaysAt(t, G * N * K) &&
-                            kernels::cuda::LinearWgmmaEnabled();
+    const bool wgmma_auto = wgmma_plan && t >= kernels::cuda::kWgmmaMinTokens && kernels::cuda::LinearWgmmaEnabled();
     const LinearPlan chosen = wgmma_auto ? *wgmma_plan : auto_plan;
     const size_t ours = time({.what = "ours", .plan = kernels::cuda::LinearPlanName(chosen)}, sets, wbytes,
                              [&ctx, &copies, base](int s) {
@@ -914,8 +912,8 @@ void RunFusedGroup(Ctx& ctx, const FusedGroup& fg) {
         if (!st.ok()) std::fprintf(stderr, "fused launch: %s\n", st.ToString().c_str());
       });
     }
-    // The wgmma kernel (sm_90a; FP8 groups only) on the group, forced: FusedLinear takes it on its own where
-    // WgmmaPaysAt, so "fused" above is this plan there.
+    // The wgmma kernel (sm_90a; FP8 groups only) on the group, forced: FusedLinear takes it on its own from
+    // kWgmmaMinTokens, so "fused" above is this plan there.
     if (const std::optional<LinearPlan> wplan =
             kernels::cuda::LinearWgmmaEnabled() ? kernels::cuda::DeviceWgmmaPlan(t, fg.rows, K) : std::nullopt;
         wplan && ctx.variants && all_fp8) {
@@ -988,13 +986,13 @@ int Main() {
                     static_cast<long long>(p.min_blocks > 0
                                                ? kernels::cuda::internal::FusedSharedBytes(p, std::min<int64_t>(t, 8 * p.n_tiles))
                                                : kernels::cuda::internal::LinearSharedBytes(p)));
-        // sm_90a takes the wgmma kernel where WgmmaPaysAt and it plans (FP8, groups on 64-row boundaries).
+        // sm_90a takes the wgmma kernel from kWgmmaMinTokens where it plans (FP8, groups on 64-row boundaries).
         const std::vector<int64_t> rows(static_cast<size_t>(std::min<int64_t>(s.groups, 8)), s.n);
         if (KernelFormat(s) == kernels::cuda::LinearKernelFormat::kFp8 && s.groups <= 8 &&
             (s.groups == 1 || s.n % 64 == 0)) {
           if (const auto w = kernels::cuda::PlanWgmmaLinear(t, rows, s.k, sms)) {
             std::printf("         sm_90a%s: %s, %lld bytes of shared memory\n",
-                        kernels::cuda::WgmmaPaysAt(t, s.groups * s.n * s.k) ? "" : " (variant only)",
+                        t >= kernels::cuda::kWgmmaMinTokens ? "" : " (variant only)",
                         kernels::cuda::LinearPlanName(*w).c_str(),
                         static_cast<long long>(kernels::cuda::internal::WgmmaSharedBytes(w->k_slice, w->cluster,
                                                                                   8 * w->n_tiles)));

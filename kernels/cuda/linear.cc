@@ -337,8 +337,7 @@ absl::Status LaunchLinearWithPlan(const LinearArgs& a, const LinearPlan* plan, c
   if (plan != nullptr) {
     pl = *plan;
   } else if (format != LinearKernelFormat::kF32) {
-    // sm_90a where the wgmma kernel pays (WgmmaPaysAt) and the weight suits it (AutoWgmmaPlan), else the mma.sync
-    // kernels' plan.
+    // sm_90a from kWgmmaMinTokens where the weight suits it (AutoWgmmaPlan), else the mma.sync kernels' plan.
     std::optional<LinearPlan> wgmma;
     if (format == LinearKernelFormat::kFp8 && entries > 0) wgmma = AutoWgmmaPlan(refs, a.x, a.t, xs);
     pl = wgmma ? *wgmma : AutoLinearPlan(a.t, n, k, a.groups, CurrentDeviceSms(), format);

@@ -70,8 +70,8 @@ struct FusedWeightRef {
   float* y = nullptr;
   int64_t y_stride = 0;
 };
-// The one place that decides whether a launch takes the wgmma kernel: its plan when LinearWgmmaEnabled(),
-// WgmmaPaysAt(T, the refs' weight bytes) and every ref suits it (FP8, 64-row aligned first row, 16-byte aligned x rows and columns);
+// The one place that decides whether a launch takes the wgmma kernel: its plan when LinearWgmmaEnabled(), T >=
+// kWgmmaMinTokens and every ref suits it (FP8, 64-row aligned first row, 16-byte aligned x rows and columns);
 // nullopt otherwise (the caller's automatic mma.sync plan then runs).
 std::optional<LinearPlan> AutoWgmmaPlan(std::span<const FusedWeightRef> refs, const ActView& x, int64_t t,
                                         int64_t x_stride);
@@ -88,22 +88,6 @@ absl::Status LaunchFusedLinearWithPlan(const FusedLinearArgs& a, const LinearPla
 // groups starting on 64-row boundaries). PlanWgmmaLinear sizes its K split for T tokens of weights with `rows` rows
 // (nullopt where it has no plan); CheckWgmmaPlan refuses a plan outside its limits.
 inline constexpr int64_t kWgmmaMinTokens = 33;
-// Up to kWgmmaSizeRuleTokens tokens the wgmma kernel pays only on launches of at least WgmmaMinWeightBytes() of
-// weights: on the H200 (bench/RESULTS.md, ninth session) it wins at 33-128 tokens from 16 MB (wq_b 74.6 -> 48.5 us
-// at T = 128, wo_b 92.6 -> 63.5) and loses on 2-8 MB weights (wkv tp4 at T = 64 12.3 vs 9.9 us, wo_b tp4 19.1 vs
-// 16.4), where the mma.sync plans' extra token passes cost less than the wgmma block's fixed cost (x staging, ring
-// fill, cluster reduction). Above 128 tokens the mma.sync kernels fall back to the tiled build and wgmma wins at
-// every size.
-inline constexpr int64_t kWgmmaSizeRuleTokens = 128;
-inline constexpr int64_t kWgmmaMinWeightBytesDefault = int64_t{12} << 20;
-// DSV4_LINEAR_WGMMA_MIN_MIB (whole MiB, read once; A/B from one binary) or kWgmmaMinWeightBytesDefault.
-int64_t WgmmaMinWeightBytes();
-// Tests: >= 0 overrides WgmmaMinWeightBytes() for launches from now on, -1 returns it to the environment.
-void SetWgmmaMinWeightBytesForTesting(int64_t bytes);
-// The size rule: whether a launch of `weight_bytes` FP8 weight bytes at T = t tokens should take the wgmma kernel
-// (t >= kWgmmaMinTokens and, up to kWgmmaSizeRuleTokens tokens, weight_bytes >= WgmmaMinWeightBytes()). The kernel's
-// own conditions (LinearWgmmaEnabled, the weights' layout) are AutoWgmmaPlan's.
-bool WgmmaPaysAt(int64_t t, int64_t weight_bytes);
 // Whether this build has the kernel and the current device is compute capability 9.0 (where it may run at all).
 bool LinearWgmmaRunsHere();
 bool LinearWgmmaEnabled();

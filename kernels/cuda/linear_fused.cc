@@ -236,9 +236,6 @@ std::optional<LinearPlan> AutoWgmmaPlan(std::span<const FusedWeightRef> refs, co
       !LinearWgmmaEnabled()) {
     return std::nullopt;
   }
-  int64_t weight_bytes = 0;  // FP8: one byte a weight (the block scales are 1/16384 of that)
-  for (const FusedWeightRef& r : refs) weight_bytes += r.n * r.w->k();
-  if (!WgmmaPaysAt(t, weight_bytes)) return std::nullopt;
   const int64_t x_esize = x.dtype == DType::kBF16 ? 2 : 4;
   const int64_t k = refs[0].w->k();
   if ((x_stride * x_esize) % 16 != 0 || !Aligned16(x.data)) return std::nullopt;

@@ -21,7 +21,6 @@ namespace {
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 std::atomic<int> g_override{-1};
-std::atomic<int64_t> g_min_bytes_override{-1};
 
 // The plan's time model, in units of one 128-wide weight step of one tile (16 KB from HBM at a block's share of the
 // bandwidth): staging the x slice (f32 from L2, 2x a tile's weight bytes, at about twice the rate) costs about one
@@ -62,29 +61,6 @@ bool LinearWgmmaEnabled() {
 
 void SetLinearWgmmaForTesting(int enabled) {
   g_override.store(enabled < 0 ? -1 : enabled != 0, std::memory_order_relaxed);
-}
-
-int64_t WgmmaMinWeightBytes() {
-  if (const int64_t o = g_min_bytes_override.load(std::memory_order_relaxed); o >= 0) return o;
-  static const int64_t from_env = [] {
-    const char* v = std::getenv("DSV4_LINEAR_WGMMA_MIN_MIB");
-    if (v == nullptr || *v == '\0') return kWgmmaMinWeightBytesDefault;
-    char* end = nullptr;
-    const long long mib = std::strtoll(v, &end, 10);
-    // A malformed value keeps the default rather than silently choosing a kernel on garbage.
-    if (end == v || *end != '\0' || mib < 0 || mib > (int64_t{1} << 20)) return kWgmmaMinWeightBytesDefault;
-    return static_cast<int64_t>(mib) << 20;
-  }();
-  return from_env;
-}
-
-void SetWgmmaMinWeightBytesForTesting(int64_t bytes) {
-  g_min_bytes_override.store(bytes < 0 ? -1 : bytes, std::memory_order_relaxed);
-}
-
-bool WgmmaPaysAt(int64_t t, int64_t weight_bytes) {
-  if (t < kWgmmaMinTokens) return false;
-  return t > kWgmmaSizeRuleTokens || weight_bytes >= WgmmaMinWeightBytes();
 }
 
 absl::Status CheckWgmmaPlan(const LinearPlan& pl, int64_t t, int64_t k, std::span<const int64_t> rows) {

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <optional>
 #include <random>
 #include <span>
@@ -176,17 +175,6 @@ TEST(WgmmaLinear, RaggedEdges) {
   CheckEveryPlan({.what = "f32 x strided", .n = 640, .k = 1024, .t = 50, .x_pad = 4, .y_pad = 1});
 }
 
-// The size rule (WgmmaPaysAt) with WgmmaMinWeightBytes() = `bytes` (-1: the environment's or the default) for a
-// scope: the kernel tests run small weights through the automatic choice, which the rule alone would give to the
-// mma.sync kernels below 129 tokens.
-class ScopedWgmmaMinBytes {
- public:
-  explicit ScopedWgmmaMinBytes(int64_t bytes) { SetWgmmaMinWeightBytesForTesting(bytes); }
-  ~ScopedWgmmaMinBytes() { SetWgmmaMinWeightBytesForTesting(-1); }
-  ScopedWgmmaMinBytes(const ScopedWgmmaMinBytes&) = delete;
-  ScopedWgmmaMinBytes& operator=(const ScopedWgmmaMinBytes&) = delete;
-};
-
 // Several FP8 weights in one launch: the fused c_q group (wq_b + the indexer's wq_b) through FusedLinear's automatic
 // choice (the same bits as DeviceWgmmaPlan's plan forced: the wgmma kernel ran), and ragged weights (520, 192 and 64
 // rows) under forced plans whose blocks walk tiles across weights (row_tiles 2-3: a block switches weight, scale
@@ -198,7 +186,6 @@ struct Group {
 };
 
 void CheckGroup(const Group& grp, const std::vector<LinearPlan>& forced) {
-  const ScopedWgmmaMinBytes any_size(0);  // the ragged group is 0.8 MB
   auto b = GetBackends();
   auto& gpu = static_cast<CudaBackend&>(b.cuda);
   std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(grp.what)));
@@ -271,46 +258,33 @@ TEST(WgmmaLinear, SeveralWeightsInOneLaunch) {
   CheckGroup({.what = "shared w1+w3 prefill", .rows = {2048, 2048}, .k = 4096, .t = 300}, {Wgmma(4, 1024, 3)});
 }
 
-// LaunchLinear's own choice: where WgmmaPaysAt exactly DeviceWgmmaPlan's plan (same bits), elsewhere and with the
-// kernel switched off AutoLinearPlan's plan (same bits). Under the default size rule wq_b tp4 (8 MiB) stays on the
-// mma.sync kernels up to 128 tokens and takes wgmma from 129; with the rule at 0 bytes, from kWgmmaMinTokens.
+// LaunchLinear's own choice: from kWgmmaMinTokens exactly PlanWgmmaLinear's plan (same bits), the mma.sync plan
+// below it and with the kernel switched off (same bits as AutoLinearPlan's plan).
 TEST(WgmmaLinear, AutomaticChoiceAndSwitch) {
   DSV4_REQUIRE_WGMMA();
   const int sms = CurrentDeviceSms();
-  const bool default_rule = std::getenv("DSV4_LINEAR_WGMMA_MIN_MIB") == nullptr;
-  for (const int64_t min_bytes : {int64_t{-1}, int64_t{0}}) {
-    const ScopedWgmmaMinBytes rule(min_bytes);
-    for (const int64_t t : {kWgmmaMinTokens - 1, kWgmmaMinTokens, int64_t{128}, int64_t{129}}) {
-      const Case c{.what = absl::StrCat("wq_b tp4 auto T=", t, " min bytes ", WgmmaMinWeightBytes()), .n = 8192,
-                   .k = 1024, .t = t};
-      const bool pays = WgmmaPaysAt(t, c.n * c.k);
-      if (min_bytes == 0) {
-        EXPECT_EQ(pays, t >= kWgmmaMinTokens) << c.what;
-      } else if (default_rule) {
-        EXPECT_EQ(pays, t > kWgmmaSizeRuleTokens) << c.what;
-      }
-      const Prepared s = Prepare(c);
-      const std::vector<int64_t> rows = {c.n};
-      const std::vector<float> automatic = RunGpu(c, s, nullptr);
-      ExpectClose(c.what, automatic, s.want, kTightRel);
-      const LinearPlan mma = AutoLinearPlan(t, c.n, c.k, 1, sms, LinearKernelFormat::kFp8);
-      if (pays) {
-        const LinearPlan wgmma = *DeviceWgmmaPlan(t, rows, c.k);
-        ExpectBitEqual(c.what + " = DeviceWgmmaPlan's plan", automatic, RunGpu(c, s, &wgmma));
-      } else {
-        ExpectBitEqual(c.what + " = AutoLinearPlan's plan", automatic, RunGpu(c, s, &mma));
-      }
-      SetLinearWgmmaForTesting(0);
-      ExpectBitEqual(c.what + " switched off = AutoLinearPlan's plan", RunGpu(c, s, nullptr), RunGpu(c, s, &mma));
-      SetLinearWgmmaForTesting(-1);
+  for (const int64_t t : {kWgmmaMinTokens - 1, kWgmmaMinTokens, int64_t{128}}) {
+    const Case c{.what = absl::StrCat("wq_b tp4 auto ", t), .n = 8192, .k = 1024, .t = t};
+    const Prepared s = Prepare(c);
+    const std::vector<int64_t> rows = {c.n};
+    const std::vector<float> automatic = RunGpu(c, s, nullptr);
+    ExpectClose(c.what, automatic, s.want, kTightRel);
+    const LinearPlan mma = AutoLinearPlan(t, c.n, c.k, 1, sms, LinearKernelFormat::kFp8);
+    if (t >= kWgmmaMinTokens) {
+      const LinearPlan wgmma = *DeviceWgmmaPlan(t, rows, c.k);
+      ExpectBitEqual(c.what + " = DeviceWgmmaPlan's plan", automatic, RunGpu(c, s, &wgmma));
+    } else {
+      ExpectBitEqual(c.what + " = AutoLinearPlan's plan", automatic, RunGpu(c, s, &mma));
     }
+    SetLinearWgmmaForTesting(0);
+    ExpectBitEqual(c.what + " switched off = AutoLinearPlan's plan", RunGpu(c, s, nullptr), RunGpu(c, s, &mma));
+    SetLinearWgmmaForTesting(-1);
   }
 }
 
 TEST(WgmmaLinear, DeterministicAndGraphReplayBitForBit) {
   DSV4_REQUIRE_WGMMA();
   auto& gpu = static_cast<CudaBackend&>(GetBackends().cuda);
-  const ScopedWgmmaMinBytes any_size(0);  // wo_a tp4 (8 MiB) takes the wgmma kernel at 64 tokens only so
   const Case c{.what = "repeat wo_a tp4", .n = 2048, .k = 4096, .t = 64, .groups = 2};
   const Prepared s = Prepare(c);
   const std::vector<float> first = RunGpu(c, s, nullptr);
@@ -438,29 +412,6 @@ TEST(WgmmaLinearPlan, FlashShapes) {
   EXPECT_FALSE(PlanWgmmaLinear(64, std::vector<int64_t>{256}, 16384, 132).has_value());  // > 8 slices of 1024
   EXPECT_FALSE(PlanWgmmaLinear(64, std::vector<int64_t>(9, 256), 1024, 132).has_value());
   EXPECT_FALSE(PlanWgmmaLinear(0, std::vector<int64_t>{256}, 1024, 132).has_value());
-}
-
-// The size rule alone (host, CI): below kWgmmaMinTokens never; up to kWgmmaSizeRuleTokens from WgmmaMinWeightBytes()
-// bytes; above, at any size. The default applies when the environment does not set DSV4_LINEAR_WGMMA_MIN_MIB.
-TEST(WgmmaLinearPlan, SizeRule) {
-  if (std::getenv("DSV4_LINEAR_WGMMA_MIN_MIB") == nullptr) {
-    EXPECT_EQ(WgmmaMinWeightBytes(), kWgmmaMinWeightBytesDefault);
-  }
-  {
-    const ScopedWgmmaMinBytes rule(int64_t{12} << 20);
-    EXPECT_EQ(WgmmaMinWeightBytes(), int64_t{12} << 20);
-    EXPECT_FALSE(WgmmaPaysAt(kWgmmaMinTokens - 1, int64_t{1} << 30));
-    EXPECT_TRUE(WgmmaPaysAt(kWgmmaMinTokens, int64_t{12} << 20));
-    EXPECT_FALSE(WgmmaPaysAt(kWgmmaMinTokens, (int64_t{12} << 20) - 1));
-    EXPECT_FALSE(WgmmaPaysAt(kWgmmaSizeRuleTokens, int64_t{8} << 20));  // wo_b tp4 at 128 tokens
-    EXPECT_TRUE(WgmmaPaysAt(kWgmmaSizeRuleTokens, int64_t{32} << 20));  // wq_b at 128 tokens
-    EXPECT_TRUE(WgmmaPaysAt(kWgmmaSizeRuleTokens + 1, 1));
-  }
-  {
-    const ScopedWgmmaMinBytes rule(0);
-    EXPECT_TRUE(WgmmaPaysAt(kWgmmaMinTokens, 1));
-    EXPECT_FALSE(WgmmaPaysAt(kWgmmaMinTokens - 1, 1));
-  }
 }
 
 }  // namespace
