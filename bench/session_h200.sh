@@ -1,14 +1,10 @@
 #!/usr/bin/env bash
 # One device call that checks and measures a tree on the H200 (used by the fourth session; reusable): the whole
 # gpu-labelled suite, the decode bench runs, and the single-linear table with the multi-weight kernel's builds.
-# Here:  scripts/gpu-tests.sh bundle build-h200 .gpu/gpu-tests (strip, tar cJf .gpu/gpu-tests.tar.xz gpu-tests),
-#        /work/shared/gpu/bundle.sh .gpu/decode-bench build-h200/bench/decode/dsv4-decode-bench \
-#          build-h200/bench/gemm/dsv4-gemm-bench build-h200/bench/ops/dsv4-ops-bench \
-#          && cp bench/decode/run_h200.sh .gpu/decode-bench/
-# There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench or, as
-#        scripts/bundle-h200.sh makes it in one go, .gpu/decode-bench.tar.xz)
-# STEPS: any of suite decode singles decode_a pdl norm_rope hc_norm wgmma_linear (default: the first
-#        four, ~8 minutes). Logs under OUT.
+# Here:  scripts/bundle-h200.sh (builds build-h200 for sm_90a and makes both bundles; the one recipe)
+# There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench.tar.xz)
+# STEPS: any of suite decode singles decode_a pdl norm_rope hc_norm wgmma_linear wgmma_ncu memcheck_linear (default:
+#        the first four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
 mkdir -p "$OUT"
@@ -56,6 +52,22 @@ for s in $STEPS; do
           > "$OUT/wgmma_step_$v.txt" 2>&1
         echo "DSV4_LINEAR_WGMMA=$v rc=$?"; grep -E '^\| *(32|64|128|256) \|' "$OUT/wgmma_step_$v.txt"
       done ;;
+    wgmma_ncu)  # ncu of the wgmma linear (issue 14's account of what limits it): wq_b and wo_b at 64 / 128 tokens,
+      # one eager launch each (dsv4-gemm-bench --once=wgmma), full set with per-SASS-instruction samples
+      LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 300 ncu --clock-control none --set full --import-source yes \
+        -k regex:LinearWgmma -o "$OUT/wgmma_ncu" .gpu/decode-bench/bin/dsv4-gemm-bench --config=configs/flash.json \
+        --tp=1 --only=wq_b,wo_b --tokens=64,128 --groups=false --fused=false --once=wgmma > "$OUT/wgmma_ncu.log" 2>&1
+      echo "ncu rc=$?"; grep -E '^once:' "$OUT/wgmma_ncu.log"
+      ncu --import "$OUT/wgmma_ncu.ncu-rep" --page details > "$OUT/wgmma_ncu.txt" 2>&1
+      ncu --import "$OUT/wgmma_ncu.ncu-rep" --page source --print-source sass --csv > "$OUT/wgmma_ncu_sass.csv" 2>&1
+      grep -E 'Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|L2 Hit' \
+        "$OUT/wgmma_ncu.txt" | head -40 ;;
+    memcheck_linear)  # compute-sanitizer memcheck of the wgmma and fused linears' GPU tests
+      [ -d .gpu/gpu-tests ] || tar xJf .gpu/gpu-tests.tar.xz -C .gpu
+      LD_LIBRARY_PATH=.gpu/gpu-tests/lib DSV4_SOURCE_DIR=$PWD DSV4_BINARY_DIR=.gpu/gpu-tests timeout 400 \
+        compute-sanitizer --tool memcheck --error-exitcode 9 .gpu/gpu-tests/bin/cuda_ops_test \
+        --gtest_filter='WgmmaLinear*:FusedLinear*' --gtest_brief=1 > "$OUT/memcheck_linear.txt" 2>&1
+      echo "memcheck rc=$?"; tail -4 "$OUT/memcheck_linear.txt" ;;
     *) echo "unknown step $s" ;;
   esac
 done

@@ -77,8 +77,8 @@ ABSL_FLAG(std::string, json, "dsv4_gemm_bench.json", "JSON file of every result 
 ABSL_FLAG(std::string, tag, "", "free text recorded in the JSON file (e.g. the commit)");
 ABSL_FLAG(uint64_t, seed, 1, "seed of the synthetic weights and inputs");
 ABSL_FLAG(std::string, once, "",
-          "for a profiler (ncu): launch each listed plan (auto, ring, reg, tiled) once per shape and T, eagerly, with no "
-          "timing, reference or peers, printing one line per launch in order, and exit");
+          "for a profiler (ncu): launch each listed plan (auto, ring, reg, tiled, wgmma) once per shape and T, eagerly, "
+          "with no timing, reference or peers, printing one line per launch in order, and exit");
 
 namespace dsv4::bench {
 namespace {
@@ -688,8 +688,8 @@ void RunShape(Ctx& ctx, const Shape& sh) {
 }
 
 // --once: each plan kind of `kinds` once per T, in order (auto: AutoLinearPlan; ring: the FP8 weight ring; reg:
-// the split-K plan with the register ring; tiled: the tiled kernel), so a profiler's launch list maps onto the
-// printed lines.
+// the split-K plan with the register ring; tiled: the tiled kernel; wgmma: the sm_90a kernel's DeviceWgmmaPlan, which
+// the backend takes on its own from 33 tokens), so a profiler's launch list maps onto the printed lines.
 int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<int64_t>& tokens, int sms,
             const std::vector<std::string>& kinds, uint64_t seed) {
   const int64_t G = sh.groups, NT = sh.n * G, KT = sh.k * G;
@@ -710,6 +710,15 @@ int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<
         plan = *p;
       } else if (kind == "tiled") {
         plan = kernels::cuda::PlanTiledLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
+      } else if (kind == "wgmma") {  // the sm_90a kernel's device plan (FP8, groups on 64-row boundaries)
+        const std::vector<int64_t> rows(static_cast<size_t>(std::min<int64_t>(G, kernels::cuda::kFusedMaxWeights)),
+                                        sh.n);
+        const bool suits = KernelFormat(sh) == kernels::cuda::LinearKernelFormat::kFp8 &&
+                           G <= kernels::cuda::kFusedMaxWeights && (G == 1 || sh.n % 64 == 0) &&
+                           kernels::cuda::LinearWgmmaRunsHere();
+        std::optional<LinearPlan> p = suits ? kernels::cuda::DeviceWgmmaPlan(t, rows, sh.k) : std::nullopt;
+        if (!p) continue;
+        plan = *p;
       } else if (kind == "ring") {
         std::optional<LinearPlan> p = kernels::cuda::PlanRingLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
         if (!p) continue;
