@@ -48,6 +48,7 @@ constexpr int kThreads = 256;                       // two warpgroups
 constexpr int kStageBytes = kWgmmaRows * 128;       // 128 rows x 128 e4m3
 constexpr int kRingBytes = kWgmmaStages * kStageBytes;
 constexpr int kRedStride = kWgmmaRows + 4;          // floats a token row of the cluster reduction's sums
+static_assert((kWgmmaStages & (kWgmmaStages - 1)) == 0, "ring slots by mask");
 
 // Shared memory of a block with kTok tokens (wgmma N: 16 or 64): the x slice [k_slice / 8 chunks][kTok][16 bytes],
 // the ring, and for a cluster the reduction's [kTok][132] f32.
@@ -169,28 +170,49 @@ __global__ void __launch_bounds__(kThreads, kTok == 16 ? 2 : 1)
     return p.e[idx];
   };
 
-  // Weights of step q (tile q / chunks, its 128-wide K step q % chunks: 128 rows x 128 K) into ring slot
-  // q % stages: 16-byte unit u of row r at r * 128 + (u ^ (r & 7)) * 16; rows past the weight's n zero-filled.
-  auto load_w = [&](int q) {
-    const int ti = q / chunks, c = q - ti * chunks;
-    const int64_t rt = tile0 + ti;
-    const FusedLinearEntry& e = entry_of(rt);
-    const int64_t row_base = (rt - e.block0) * kWgmmaRows;
-    const uint8_t* w = static_cast<const uint8_t*>(e.w);
-    const uint32_t slot = ring_addr + (q % kWgmmaStages) * kStageBytes;
-    const int64_t kb = k0 + int64_t{128} * c;
+  // The weight stream: step q = (tile, 128-wide K chunk) into ring slot q % stages; 16-byte unit u of row r at
+  // r * 128 + (u ^ (r & 7)) * 16, rows past the weight's n zero-filled. Thread tid copies unit tid & 7 of rows
+  // tid / 8 + 32 i (i < 4): the same swizzled offset in every slot (plus 4096 i), the same source offsets per tile
+  // (plus 128 a chunk), so the stream keeps its tile's row pointer and advances by additions (no division per step).
+  const int ld_r0 = tid >> 3, ld_cu = tid & 7;
+  const uint32_t ld_dst = static_cast<uint32_t>(ld_r0 * 128 + ((ld_cu ^ (ld_r0 & 7)) << 4));
+  const uint8_t* ld_src = nullptr;  // unit ld_cu of row ld_r0 of the loading tile at chunk 0 of this block's slice
+  const uint8_t* ld_w = nullptr;    // the loading tile's weight (a valid address for the zero-byte copies)
+  int64_t ld_rstride = 0;           // 32 rows
+  int ld_valid = 0;                 // bit i: row ld_r0 + 32 i < n
+  int ld_c = 0;                     // the next load's chunk
+  int64_t ld_rt = tile0;            // and tile
+  auto ld_tile = [&]() {
+    if (ld_rt >= tile0 + tiles) return;
+    const FusedLinearEntry& e = entry_of(ld_rt);
+    const int64_t row = (ld_rt - e.block0) * kWgmmaRows + ld_r0;
+    ld_w = static_cast<const uint8_t*>(e.w);
+    ld_src = ld_w + row * kin + k0 + 16 * ld_cu;
+    ld_rstride = 32 * kin;
+    ld_valid = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ld_valid |= (row + 32 * i < e.n ? 1 : 0) << i;
+  };
+  int ld_q = 0;  // the next step to load
+  auto load_next = [&]() {
+    const uint32_t slot = ring_addr + static_cast<uint32_t>(ld_q & (kWgmmaStages - 1)) * kStageBytes + ld_dst;
+    const uint8_t* src = ld_src + 128 * ld_c;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int u = tid + kThreads * i;
-      const int r = u >> 3, cu = u & 7;
-      const int64_t row = row_base + r;
-      const bool ok = row < e.n;
-      CpAsync16(slot + r * 128 + ((cu ^ (r & 7)) << 4), w + (ok ? row : 0) * kin + kb + 16 * cu, ok ? 16 : 0);
+      const bool ok = (ld_valid >> i) & 1;
+      CpAsync16(slot + 4096 * i, ok ? src + i * ld_rstride : ld_w, ok ? 16 : 0);
+    }
+    ++ld_q;
+    if (++ld_c == chunks) {
+      ld_c = 0;
+      ++ld_rt;
+      ld_tile();
     }
   };
+  if (steps > 0) ld_tile();
 #pragma unroll
   for (int q = 0; q < kWgmmaStages - 1; ++q) {
-    if (q < steps) load_w(q);
+    if (q < steps) load_next();
     CpAsyncCommit();
   }
 
@@ -289,15 +311,17 @@ __global__ void __launch_bounds__(kThreads, kTok == 16 ? 2 : 1)
     // One 128-wide step: 8 wgmmas into the partial sum, then acc += scale * partial. Each warpgroup waits for its
     // own step before folding (ptxas serialises every wgmma when the fold reads a second accumulator set while
     // another group is in flight: alternating two sets with wait_group 1 measured C7514 at compile time), so the
-    // overlap comes from the block's other warpgroup.
+    // overlap comes from the block's other warpgroup. Measured slower on the H200 (bench/RESULTS.md, tenth session):
+    // converting step q + 1 while step q's wgmmas run, with two fragment sets (2-7%), and staging the x slice a
+    // chunk at a time beside the steps instead of before them (up to 15%: the loads' latency lands in the steps).
     for (int c = 0; c < chunks; ++c) {
       const int q = ti * chunks + c;
       CpAsyncWait<kWgmmaStages - 2>();
       __syncthreads();  // step q landed for every thread's copies; every warpgroup finished step q - 1's slot
-      if (q + kWgmmaStages - 1 < steps) load_w(q + kWgmmaStages - 1);
+      if (ld_q < steps) load_next();
       CpAsyncCommit();
       const float sc = __ldg(scale + c);
-      const uint32_t slot = ring_addr + (q % kWgmmaStages) * kStageBytes + lrow * 128;
+      const uint32_t slot = ring_addr + static_cast<uint32_t>(q & (kWgmmaStages - 1)) * kStageBytes + lrow * 128;
       uint32_t a[8][4];
 #pragma unroll
       for (int pr = 0; pr < 4; ++pr) {
@@ -309,12 +333,11 @@ __global__ void __launch_bounds__(kThreads, kTok == 16 ? 2 : 1)
         E4m3x4ToBf16(r[3], a[2 * pr + 1][1], a[2 * pr + 1][3]);
       }
       WgmmaFence();
+      // k16 step s reads x chunks 16 c + 2 s (+ 1): the descriptor's address field (bits 0-13, 16-byte units; the
+      // x slice ends below 128 KB) advances by 2 kTok 16-byte rows per k16 step.
+      const uint64_t db0 = SmemDesc(xs_addr + 16 * c * kTok * 16, kTok * 16, 128);
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const int chunk = 16 * c + 2 * s;  // first 8-wide x chunk of this k16 step
-        const uint64_t db = SmemDesc(xs_addr + chunk * kTok * 16, kTok * 16, 128);
-        WgmmaRsK<kTok>(part, a[s], db, s > 0);
-      }
+      for (int s = 0; s < 8; ++s) WgmmaRsK<kTok>(part, a[s], db0 + static_cast<uint64_t>(s * 2 * kTok), s > 0);
       WgmmaCommit();
       WgmmaWaitAll();
 #pragma unroll
