@@ -55,17 +55,17 @@ for s in $STEPS; do
       done ;;
     wgmma_ncu)  # ncu of the wgmma linear (issue 14's account of what limits it): wq_b and wo_b at 64 / 128 tokens,
       # one eager launch each (dsv4-gemm-bench --once=wgmma), full set with per-SASS-instruction samples; NCU_VALUES:
-      # the values of AB_VAR (default DSV4_WGMMA_LAZY_X) to profile (default 1)
-      for v in ${NCU_VALUES:-1}; do
-        env ${AB_VAR:-DSV4_WGMMA_LAZY_X}=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 ncu --clock-control none --set full \
-          --import-source yes -k regex:LinearWgmma -o "$OUT/wgmma_ncu_p$v" .gpu/decode-bench/bin/dsv4-gemm-bench \
+      # the values of AB_VAR (default DSV4_WGMMA_XBATCH) to profile (default 4)
+      for v in ${NCU_VALUES:-4}; do
+        env ${AB_VAR:-DSV4_WGMMA_XBATCH}=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 ncu --clock-control none --set full \
+          --import-source yes -k regex:LinearWgmma -o "$OUT/wgmma_ncu_$v" .gpu/decode-bench/bin/dsv4-gemm-bench \
           --config=configs/flash.json --tp=1 --only=wq_b,wo_b --tokens=64,128 --groups=false --fused=false \
-          --once=wgmma > "$OUT/wgmma_ncu_p$v.log" 2>&1
-        echo "ncu ${AB_VAR:-DSV4_WGMMA_LAZY_X}=$v rc=$?"; grep -E '^once:' "$OUT/wgmma_ncu_p$v.log"
-        ncu --import "$OUT/wgmma_ncu_p$v.ncu-rep" --page details > "$OUT/wgmma_ncu_p$v.txt" 2>&1
-        ncu --import "$OUT/wgmma_ncu_p$v.ncu-rep" --page source --print-source sass --csv > "$OUT/wgmma_ncu_sass_p$v.csv" 2>&1
+          --once=wgmma > "$OUT/wgmma_ncu_$v.log" 2>&1
+        echo "ncu ${AB_VAR:-DSV4_WGMMA_XBATCH}=$v rc=$?"; grep -E '^once:' "$OUT/wgmma_ncu_$v.log"
+        ncu --import "$OUT/wgmma_ncu_$v.ncu-rep" --page details > "$OUT/wgmma_ncu_$v.txt" 2>&1
+        ncu --import "$OUT/wgmma_ncu_$v.ncu-rep" --page source --print-source sass --csv > "$OUT/wgmma_ncu_sass_$v.csv" 2>&1
         grep -E 'Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|L2 Hit' \
-          "$OUT/wgmma_ncu_p$v.txt" | head -40
+          "$OUT/wgmma_ncu_$v.txt" | head -40
       done ;;
     memcheck_linear)  # compute-sanitizer memcheck of the wgmma and fused linears' GPU tests
       [ -d .gpu/gpu-tests ] || tar xJf .gpu/gpu-tests.tar.xz -C .gpu
@@ -73,20 +73,20 @@ for s in $STEPS; do
         compute-sanitizer --tool memcheck --error-exitcode 9 .gpu/gpu-tests/bin/cuda_ops_test \
         --gtest_filter='WgmmaLinear*:FusedLinear*' --gtest_brief=1 > "$OUT/memcheck_linear.txt" 2>&1
       echo "memcheck rc=$?"; tail -4 "$OUT/memcheck_linear.txt" ;;
-    wgmma_ab)  # an A/B of the wgmma linear by the environment variable AB_VAR (default DSV4_WGMMA_LAZY_X: x staged a
-      # chunk at a time beside the steps, 1 = default, against the whole slice first): its tests both ways, single
-      # weights at 64 / 128 tokens, the step alternated
+    wgmma_ab)  # an A/B of the wgmma linear by the environment variable AB_VAR = AB_ON / AB_OFF (default
+      # DSV4_WGMMA_XBATCH = 8 / 4: x staging loads in flight): its tests with AB_ON (AB_OFF is the path the suite
+      # runs), single weights at 64 / 128 tokens both ways, the step alternated
       [ -d .gpu/gpu-tests ] || tar xJf .gpu/gpu-tests.tar.xz -C .gpu
-      V=${AB_VAR:-DSV4_WGMMA_LAZY_X}
-      for v in 1 0; do
-        env $V=$v LD_LIBRARY_PATH=.gpu/gpu-tests/lib DSV4_SOURCE_DIR=$PWD DSV4_BINARY_DIR=.gpu/gpu-tests \
-          timeout 120 .gpu/gpu-tests/bin/cuda_ops_test --gtest_filter='WgmmaLinear*:FusedLinear*' --gtest_brief=1 \
-          > "$OUT/ab_test_$v.txt" 2>&1; echo "$V=$v tests rc=$?"; tail -3 "$OUT/ab_test_$v.txt"
+      V=${AB_VAR:-DSV4_WGMMA_XBATCH}; ON=${AB_ON:-8}; OFF=${AB_OFF:-4}
+      env $V=$ON LD_LIBRARY_PATH=.gpu/gpu-tests/lib DSV4_SOURCE_DIR=$PWD DSV4_BINARY_DIR=.gpu/gpu-tests \
+        timeout 120 .gpu/gpu-tests/bin/cuda_ops_test --gtest_filter='WgmmaLinear*:FusedLinear*' --gtest_brief=1 \
+        > "$OUT/ab_test_$ON.txt" 2>&1; echo "$V=$ON tests rc=$?"; tail -3 "$OUT/ab_test_$ON.txt"
+      for v in $ON $OFF; do
         env $V=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 150 .gpu/decode-bench/bin/dsv4-gemm-bench \
           --config=configs/flash.json --peers=false --variants=false --tokens=64,128 --reps=20 --warmup_ms=2 \
           --json="$OUT/ab_gemm_$v.json" > "$OUT/ab_gemm_$v.md" 2> "$OUT/ab_gemm_$v.err"; echo "gemm rc=$?"
       done
-      for v in 1 0 1 0; do
+      for v in $ON $OFF $ON $OFF; do
         env $V=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 100 .gpu/decode-bench/bin/dsv4-decode-bench \
           --config=configs/flash.json --simulate-rank=0 --simulate-world=4 --comm-busbw-gbs=146 \
           --comm-latency-us=20 --context=8192 --batches=${AB_BATCHES:-48,64,128,256} >> "$OUT/ab_step_$v.txt" 2>&1
