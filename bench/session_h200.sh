@@ -54,14 +54,14 @@ for s in $STEPS; do
         echo "DSV4_LINEAR_WGMMA=$v rc=$?"; grep -E '^\| *(32|64|128|256) \|' "$OUT/wgmma_step_$v.txt"
       done ;;
     wgmma_ncu)  # ncu of the wgmma linear (issue 14's account of what limits it): wq_b and wo_b at 64 / 128 tokens,
-      # one eager launch each (dsv4-gemm-bench --once=wgmma), full set with per-SASS-instruction samples; NCU_VALUES:
-      # the values of AB_VAR (default DSV4_WGMMA_XBATCH) to profile (default 4)
-      for v in ${NCU_VALUES:-4}; do
-        env ${AB_VAR:-DSV4_WGMMA_XBATCH}=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 ncu --clock-control none --set full \
+      # one eager launch each (dsv4-gemm-bench --once=wgmma), full set with per-SASS-instruction samples; with
+      # AB_VAR set, once per value in NCU_VALUES (default 1)
+      for v in ${NCU_VALUES:-1}; do
+        env ${AB_VAR:-DSV4_NCU_UNUSED}=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 ncu --clock-control none --set full \
           --import-source yes -k regex:LinearWgmma -o "$OUT/wgmma_ncu_$v" .gpu/decode-bench/bin/dsv4-gemm-bench \
           --config=configs/flash.json --tp=1 --only=wq_b,wo_b --tokens=64,128 --groups=false --fused=false \
           --once=wgmma > "$OUT/wgmma_ncu_$v.log" 2>&1
-        echo "ncu ${AB_VAR:-DSV4_WGMMA_XBATCH}=$v rc=$?"; grep -E '^once:' "$OUT/wgmma_ncu_$v.log"
+        echo "ncu ${AB_VAR:-}=$v rc=$?"; grep -E '^once:' "$OUT/wgmma_ncu_$v.log"
         ncu --import "$OUT/wgmma_ncu_$v.ncu-rep" --page details > "$OUT/wgmma_ncu_$v.txt" 2>&1
         ncu --import "$OUT/wgmma_ncu_$v.ncu-rep" --page source --print-source sass --csv > "$OUT/wgmma_ncu_sass_$v.csv" 2>&1
         grep -E 'Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|L2 Hit' \
@@ -74,10 +74,10 @@ for s in $STEPS; do
         --gtest_filter='WgmmaLinear*:FusedLinear*' --gtest_brief=1 > "$OUT/memcheck_linear.txt" 2>&1
       echo "memcheck rc=$?"; tail -4 "$OUT/memcheck_linear.txt" ;;
     wgmma_ab)  # an A/B of the wgmma linear by the environment variable AB_VAR = AB_ON / AB_OFF (default
-      # DSV4_WGMMA_XBATCH = 8 / 4: x staging loads in flight): its tests with AB_ON (AB_OFF is the path the suite
-      # runs), single weights at 64 / 128 tokens both ways, the step alternated
+      # DSV4_LINEAR_WGMMA = 1 / 0: the wgmma kernel on / off; branch wgmma-ws: DSV4_LINEAR_WGMMA_WS): its tests with
+      # AB_ON, single weights at 64 / 128 tokens both ways, the step alternated
       [ -d .gpu/gpu-tests ] || tar xJf .gpu/gpu-tests.tar.xz -C .gpu
-      V=${AB_VAR:-DSV4_WGMMA_XBATCH}; ON=${AB_ON:-8}; OFF=${AB_OFF:-4}
+      V=${AB_VAR:-DSV4_LINEAR_WGMMA}; ON=${AB_ON:-1}; OFF=${AB_OFF:-0}
       env $V=$ON LD_LIBRARY_PATH=.gpu/gpu-tests/lib DSV4_SOURCE_DIR=$PWD DSV4_BINARY_DIR=.gpu/gpu-tests \
         timeout 120 .gpu/gpu-tests/bin/cuda_ops_test --gtest_filter='WgmmaLinear*:FusedLinear*' --gtest_brief=1 \
         > "$OUT/ab_test_$ON.txt" 2>&1; echo "$V=$ON tests rc=$?"; tail -3 "$OUT/ab_test_$ON.txt"
