@@ -4,8 +4,7 @@
 # Here:  scripts/bundle-h200.sh (builds build-h200 for sm_90a and makes both bundles; the one recipe)
 # There: bash bench/session_h200.sh $OUT [STEPS]   (carry .gpu/gpu-tests.tar.xz and .gpu/decode-bench.tar.xz)
 # STEPS: any of suite decode singles decode_a pdl norm_rope hc_norm wgmma_linear wgmma_ncu memcheck_linear wgmma_ab
-#        (default:
-#        the first four, ~8 minutes). Logs under OUT.
+#        (default: the first four, ~8 minutes). Logs under OUT.
 set -u
 OUT=${1:?usage: session_h200.sh OUT [STEPS]}; STEPS=${2:-"suite decode singles decode_a"}
 mkdir -p "$OUT"
@@ -55,9 +54,9 @@ for s in $STEPS; do
       done ;;
     wgmma_ncu)  # ncu of the wgmma linear (issue 14's account of what limits it): wq_b and wo_b at 64 / 128 tokens,
       # one eager launch each (dsv4-gemm-bench --once=wgmma), full set with per-SASS-instruction samples; with
-      # AB_VAR set, once per value in NCU_VALUES (default 1)
+      # AB_VAR set, once per value in NCU_VALUES (AB_VAR=v for each; default one run as the tree is)
       for v in ${NCU_VALUES:-1}; do
-        env ${AB_VAR:-DSV4_NCU_UNUSED}=$v LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 ncu --clock-control none --set full \
+        env ${AB_VAR:+$AB_VAR=$v} LD_LIBRARY_PATH=.gpu/decode-bench/lib timeout 240 ncu --clock-control none --set full \
           --import-source yes -k regex:LinearWgmma -o "$OUT/wgmma_ncu_$v" .gpu/decode-bench/bin/dsv4-gemm-bench \
           --config=configs/flash.json --tp=1 --only=wq_b,wo_b --tokens=64,128 --groups=false --fused=false \
           --once=wgmma > "$OUT/wgmma_ncu_$v.log" 2>&1
