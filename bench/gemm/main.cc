@@ -711,8 +711,7 @@ int RunOnce(Backend& cuda, CudaBackend& gpu, const Shape& sh, const std::vector<
       } else if (kind == "tiled") {
         plan = kernels::cuda::PlanTiledLinear(t, sh.n, sh.k, static_cast<int>(G), sms);
       } else if (kind == "wgmma") {  // the sm_90a kernel's device plan (FP8, groups on 64-row boundaries)
-        const std::vector<int64_t> rows(static_cast<size_t>(std::min<int64_t>(G, kernels::cuda::kFusedMaxWeights)),
-                                        sh.n);
+        const std::vector<int64_t> rows(static_cast<size_t>(G), sh.n);
         const bool suits = KernelFormat(sh) == kernels::cuda::LinearKernelFormat::kFp8 &&
                            G <= kernels::cuda::kFusedMaxWeights && (G == 1 || sh.n % 64 == 0) &&
                            kernels::cuda::LinearWgmmaRunsHere();
